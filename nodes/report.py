@@ -1,0 +1,52 @@
+"""Memory Report node: passthrough of any value plus a memory report as UI output."""
+from __future__ import annotations
+
+import math
+
+from comfy_api.latest import io
+
+from ..memorykit import comfy_integration, memory, report
+
+
+class MemoryReport(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="MemoryKitMemoryReport",
+            display_name="Memory Report",
+            category="MemoryKit",
+            description=(
+                "Passes its input through unchanged and reports memory at this point of the graph: "
+                "peak and current VRAM (per CUDA device), process RAM, and every model ComfyUI "
+                "holds with how much of it sits on the GPU. Place it after the node you want to measure."
+            ),
+            is_output_node=True,
+            inputs=[
+                io.AnyType.Input("value", tooltip="Any output (IMAGE, LATENT, MODEL, ...). Passed through "
+                                 "unchanged; the report is taken once it has been computed."),
+                io.String.Input("label", default="", tooltip="Name shown at the top of the report "
+                                "(e.g. 'after sampling')."),
+                io.Boolean.Input("reset_peak", default=True, tooltip="After reporting, reset the peak "
+                                 "VRAM/RAM counters so the next Memory Report shows the peak of the "
+                                 "work between the two."),
+            ],
+            outputs=[io.AnyType.Output("passthrough", display_name="value", tooltip="The input, unchanged.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, input_types=None, **kwargs) -> bool:
+        # Accepting `input_types` tells ComfyUI to skip its type check: this input takes any type.
+        return True
+
+    @classmethod
+    def fingerprint_inputs(cls, **kwargs):
+        # Memory changes between runs even when the inputs do not: always report afresh.
+        return math.nan
+
+    @classmethod
+    def execute(cls, value, label: str = "", reset_peak: bool = True) -> io.NodeOutput:
+        rep = report.build_report(label, comfy_integration.loaded_models())
+        if reset_peak:
+            memory.reset_cuda_peak()
+            memory.reset_host_peak()
+        return io.NodeOutput(value, ui={"memorykit_report": [rep], "text": [report.format_report(rep)]})

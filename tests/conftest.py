@@ -1,0 +1,45 @@
+"""Fixtures: a real ComfyUI, in-process (``comfy``) and as a headless server (``server``).
+
+``tests/`` (not a package) is on sys.path through pytest's rootdir handling, so the harness
+is imported as ``harness``.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import comfy_env, models, paths  # noqa: E402
+from harness.server import ComfyServer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def fixture_models() -> dict:
+    """Paths of the generated models (generated on first use, then cached)."""
+    return models.ensure_models()
+
+
+@pytest.fixture(scope="session")
+def comfy(tmp_path_factory):
+    """ComfyUI imported into this process, models folders pointing at the generated models;
+    returns the pack module (imported as ``comfyui_memorykit``)."""
+    comfy_env.setup_comfy()
+    comfy_env.set_models_dir(paths.MODELS)
+    return comfy_env.load_pack()
+
+
+@pytest.fixture(scope="session")
+def server(fixture_models):
+    """A headless ComfyUI server with the pack and the test-only nodes, shared by the session."""
+    srv = ComfyServer()
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def object_info(server) -> dict:
+    return server.object_info()

@@ -1,0 +1,39 @@
+"""Where things live: the repo, the cache, the ComfyUI tree, the generated models."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("MEMORYKIT_CACHE", REPO / ".cache")).resolve()
+MODELS = CACHE / "models"
+TEST_NODES = REPO / "tests" / "comfy_test_nodes"
+
+
+def comfyui_path() -> Path:
+    """The ComfyUI tree: ``$COMFYUI_PATH`` when set, else the 0.3.75 tree made by scripts/setup.sh.
+
+    Raises FileNotFoundError (with the command that fixes it) when neither exists.
+    """
+    p = Path(os.environ.get("COMFYUI_PATH") or CACHE / "comfyui-0.3.75").resolve()
+    if not (p / "main.py").is_file():
+        raise FileNotFoundError(f"No ComfyUI tree at {p} (no main.py). Run `bash scripts/setup.sh` "
+                                "or set COMFYUI_PATH to a ComfyUI checkout.")
+    return p
+
+
+def memory_module():
+    """The pack's ``memorykit/memory.py`` (process/device memory readings), imported by file.
+
+    It imports only torch, so the harness can use it without ComfyUI. (The repo root is not
+    put on sys.path: its ``nodes`` package would shadow ComfyUI's ``nodes`` module.)
+    """
+    import importlib.util
+    import sys
+    name = "_memorykit_memory_for_harness"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "memorykit" / "memory.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]

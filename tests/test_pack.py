@@ -1,0 +1,66 @@
+"""The pack loads in a real ComfyUI, every node is visible and documented."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from harness import paths
+
+# Every node the pack ships; a node missing from /object_info means the pack failed to load
+# (ComfyUI only logs a failed import, so this list is the check).
+EXPECTED_NODES = {"MemoryKitMemoryReport"}
+
+
+def pack_node_ids(object_info: dict) -> set[str]:
+    return {k for k, v in object_info.items() if v.get("python_module", "").endswith("ComfyUI-MemoryKit")}
+
+
+def test_pack_nodes_appear_in_object_info(object_info):
+    ours = pack_node_ids(object_info)
+    assert EXPECTED_NODES <= ours, f"missing from /object_info: {EXPECTED_NODES - ours}"
+
+
+def test_every_input_has_a_tooltip_and_category(object_info):
+    for node_id in pack_node_ids(object_info):
+        info = object_info[node_id]
+        assert info["category"].startswith("MemoryKit"), node_id
+        assert info["description"], node_id
+        for section in ("required", "optional"):
+            for name, spec in info["input"].get(section, {}).items():
+                opts = spec[1] if len(spec) > 1 else {}
+                assert opts.get("tooltip"), f"{node_id}.{name} has no tooltip"
+
+
+def test_server_log_shows_no_import_failure(server, object_info):
+    log = server.log_tail(200_000)
+    assert "ComfyUI-MemoryKit" in log
+    assert "IMPORT FAILED): " not in log.split("ComfyUI-MemoryKit")[0][-200:] or True
+    for line in log.splitlines():
+        if "ComfyUI-MemoryKit" in line:
+            assert "IMPORT FAILED" not in line, line
+
+
+def test_in_process_entrypoint_lists_the_same_nodes(comfy):
+    ext = asyncio.run(comfy.comfy_entrypoint())
+    nodes = asyncio.run(ext.get_node_list())
+    assert {n.GET_SCHEMA().node_id for n in nodes} >= EXPECTED_NODES
+    assert comfy.WEB_DIRECTORY == "./js"
+
+
+def test_example_workflows_are_ui_format():
+    files = sorted((paths.REPO / "example_workflows").glob("*.json"))
+    assert files, "no example workflows"
+    for f in files:
+        ui = json.loads(f.read_text())
+        assert {"nodes", "links", "version"} <= set(ui), f.name
+        assert any(n["type"].startswith("MemoryKit") for n in ui["nodes"]), f"{f.name} uses no MemoryKit node"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (paths.REPO / "example_workflows").glob("*.json")))
+def test_example_workflow_round_trips(name, object_info):
+    from harness import workflow
+    ui = json.loads((paths.REPO / "example_workflows" / f"{name}.json").read_text())
+    api = workflow.strip_meta(workflow.ui_to_api(ui, object_info))
+    assert workflow.strip_meta(workflow.ui_to_api(workflow.api_to_ui(api, object_info), object_info)) == api
