@@ -64,3 +64,17 @@ def test_example_workflow_round_trips(name, object_info):
     ui = json.loads((paths.REPO / "example_workflows" / f"{name}.json").read_text())
     api = workflow.strip_meta(workflow.ui_to_api(ui, object_info))
     assert workflow.strip_meta(workflow.ui_to_api(workflow.api_to_ui(api, object_info), object_info)) == api
+
+
+def test_comfy_registry_validation_passes():
+    """`comfy node validate` (comfy-cli) runs the Comfy Registry's publishing checks offline."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    comfy_cli = Path(sys.executable).with_name("comfy")
+    exe = str(comfy_cli) if comfy_cli.exists() else shutil.which("comfy")
+    assert exe, "comfy-cli is not installed (requirements-dev.txt)"
+    proc = subprocess.run([exe, "--skip-prompt", "--no-enable-telemetry", "node", "validate"], cwd=paths.REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "passed" in proc.stdout + proc.stderr, proc.stdout + proc.stderr

@@ -22,18 +22,29 @@ def comfyui_path() -> Path:
     return p
 
 
-def memory_module():
-    """The pack's ``memorykit/memory.py`` (process/device memory readings), imported by file.
+def technique_package():
+    """The pack's ``memorykit/`` technique package, imported by file as ``memorykit_tech``.
 
-    It imports only torch, so the harness can use it without ComfyUI. (The repo root is not
-    put on sys.path: its ``nodes`` package would shadow ComfyUI's ``nodes`` module.)
+    Its modules import only torch/diffusers/accelerate/safetensors (``comfy_integration``
+    excepted, which is not imported here), so the harness and the benchmarks can use them
+    without importing the ComfyUI node API. The repo root is not put on sys.path: its ``nodes``
+    package would shadow ComfyUI's ``nodes`` module.
     """
+    import importlib
     import importlib.util
     import sys
-    name = "_memorykit_memory_for_harness"
+    name = "memorykit_tech"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "memorykit" / "memory.py")
+        spec = importlib.util.spec_from_file_location(name, REPO / "memorykit" / "__init__.py",
+                                                      submodule_search_locations=[str(REPO / "memorykit")])
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
     return sys.modules[name]
+
+
+def memory_module():
+    """``memorykit/memory.py`` (process/device memory readings) via :func:`technique_package`."""
+    import importlib
+    technique_package()
+    return importlib.import_module("memorykit_tech.memory")

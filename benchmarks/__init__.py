@@ -1,0 +1,1 @@
+"""MemoryKit benchmarks: ``python -m benchmarks.run`` (see run.py)."""
