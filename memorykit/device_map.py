@@ -189,7 +189,7 @@ def plan_device_map(module: torch.nn.Module, max_memory: dict | None, strategy: 
     measures the free memory of every device (accelerate's ``get_max_memory``; balanced
     strategies then keep 10 % of a single GPU free). GPUs this machine does not have are
     planned for all the same (accelerate only warns). Sizes are those of the tensors as
-    stored (``dtype=None``). Returns ``(device_map, budgets)``: the map in module order and the
+    stored (``dtype=None``). Returns ``(device_map, budgets)``: the map (in module order) and the
     per-device budgets the map was fitted into (after balancing).
 
     Raises ValueError for an unknown strategy, and when ``allow_disk`` is False but the budgets
@@ -204,7 +204,8 @@ def plan_device_map(module: torch.nn.Module, max_memory: dict | None, strategy: 
     else:
         budgets = get_balanced_memory(module, max_memory=budgets, no_split_module_classes=no_split,
                                       low_zero=strategy == "balanced_low_0")
-    device_map = dict(infer_auto_device_map(module, max_memory=dict(budgets), no_split_module_classes=no_split))
+    device_map = in_module_order(module, infer_auto_device_map(module, max_memory=dict(budgets),
+                                                               no_split_module_classes=no_split))
     if not allow_disk and "disk" in device_map.values():
         raise ValueError(_too_small_message(module, device_map, max_memory or budgets, no_split))
     return device_map, budgets
@@ -278,8 +279,18 @@ def validate_device_map(module: torch.nn.Module, device_map: dict) -> dict:
                 tops.append(top)
         raise ValueError(f"custom device map leaves out {', '.join(repr(t) for t in tops[:8])}"
                          f"{' ...' if len(tops) > 8 else ''}: give every module a device")
-    order = {n: i for i, n in enumerate(list(modules) + tensors)}
-    return {k: dm[k] for k in sorted(dm, key=lambda k: order.get(k, -1))}
+    return in_module_order(module, dm)
+
+
+def in_module_order(module: torch.nn.Module, device_map: dict) -> dict:
+    """``device_map`` with its entries sorted as ``module.named_modules()`` (then tensors) lists them
+    (accelerate lists merged entries last)."""
+    names = [n for n, _ in module.named_modules()]
+    names += [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()]
+    order: dict[str, int] = {}
+    for i, n in enumerate(names):
+        order.setdefault(n, i)
+    return {k: device_map[k] for k in sorted(device_map, key=lambda k: order.get(k, -1))}
 
 
 def main_device(device_map: dict) -> Device:
