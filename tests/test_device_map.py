@@ -1,17 +1,17 @@
-"""Balanced Device Map, in-process: planning (vs accelerate), bad input, dispatch/undo, ComfyUI lifecycle.
+"""Balanced Device Map, in-process: planning (vs accelerate) and bad input.
 
 Planning uses models built from ComfyUI's own classes on the meta device at full size
 (Flux-dev shape: 19 double + 38 single blocks, 11.9 B params; Wan 2.1 14B shape: 40 layers,
 dim 5120), with budgets for GPUs this machine does not have — accelerate plans for them with a
-warning. Execution uses the generated Wan fixture on CPU with ``cpu`` + ``disk`` maps and
-compares sampler outputs bit for bit with the plain model.
+warning. Execution is tested in test_device_map_run.py (in-process) and
+test_device_map_server.py (through the server).
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+
+from harness.meta_models import BLOCK_CLASSES as BLOCKS, meta_patcher
 
 GIB = 2 ** 30
 TWO_GPUS = "cuda:0=24GiB, cuda:1=24GiB, cpu=64GiB"
@@ -19,25 +19,6 @@ BUDGETS = {  # max_memory text → the same budgets as accelerate takes them
     TWO_GPUS: {0: 24 * GIB, 1: 24 * GIB, "cpu": 64 * GIB},
     "cuda:0=16GiB, cuda:1=16000MB, cpu=64GiB": {0: 16 * GIB, 1: 16 * 10 ** 9, "cpu": 64 * GIB},
 }
-FLUX_DEV = {"image_model": "flux", "in_channels": 16, "out_channels": 16, "vec_in_dim": 768,
-            "context_in_dim": 4096, "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "depth": 19,
-            "depth_single_blocks": 38, "axes_dim": [16, 56, 56], "theta": 10000, "patch_size": 2,
-            "qkv_bias": True, "guidance_embed": True}
-WAN_14B = {"image_model": "wan2.1", "model_type": "t2v", "dim": 5120, "out_dim": 16, "num_heads": 40,
-           "ffn_dim": 13824, "num_layers": 40, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1),
-           "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6, "in_dim": 16}
-BLOCKS = {"flux_dev": ["DoubleStreamBlock", "SingleStreamBlock"], "wan_14b": ["WanAttentionBlock"]}
-
-
-def meta_patcher(kind: str):
-    """A ModelPatcher around a full-size ComfyUI model (bf16) whose weights are on the meta device."""
-    import comfy.model_patcher
-    import comfy.supported_models as sm
-    cfg, mc_cls = {"flux_dev": (FLUX_DEV, sm.Flux), "wan_14b": (WAN_14B, sm.WAN21_T2V)}[kind]
-    mc = mc_cls(dict(cfg))
-    mc.set_inference_dtype(torch.bfloat16, None)
-    model = mc.get_model({}, device=torch.device("meta"))
-    return comfy.model_patcher.ModelPatcher(model, torch.device("cpu"), torch.device("cpu"))
 
 
 @pytest.fixture(scope="module")
