@@ -8,6 +8,7 @@ clean state after a failed load and after an interrupted run.
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import os
 
@@ -78,6 +79,9 @@ def test_dispatch_on_a_plain_module_equals_and_undoes(comfy, wan, tmp_path):
         ref = module(x, t, ctx, transformer_options={})
         handle = device_dispatch.dispatch_device_map(module, plan, str(tmp_path), skip_keys=["transformer_options"])
         try:
+            root_hook = module._hf_hook  # inputs to the main device, output back to the input's device
+            assert root_hook.execution_device == "cpu" and root_hook.io_same_device
+            assert root_hook.skip_keys == ["transformer_options"]
             folders = os.listdir(tmp_path)
             assert len(folders) == 1 and os.listdir(tmp_path / folders[0])  # offloaded weight files
             disk_param = next(n for n, p in module.named_parameters() if n.startswith("blocks."))
@@ -195,3 +199,41 @@ def test_interrupted_run_then_next_run_is_correct(node, wan, conds, tmp_path):
     mm.unload_all_models()
     assert applied(wan) is None and os.listdir(tmp_path) == []
     assert_restored(wan.model.diffusion_model, snap)
+
+
+def _digests(module) -> dict:
+    """tensor name → (device, dtype, sha256 of the raw bytes): an exact fingerprint without a copy."""
+    out = {}
+    for n, t in module.state_dict().items():
+        raw = t.detach().contiguous().view(torch.uint8).numpy() if t.numel() else b""
+        out[n] = (t.device, t.dtype, hashlib.sha256(raw).hexdigest())
+    return out
+
+
+def test_flux_forward_with_a_disk_map_equals_plain(comfy, fixture_models, tmp_path):
+    """Flux-shaped fixture (hidden 3072, 2.2 GB fp32): single block on disk, the rest in RAM;
+    one forward through ComfyUI's BaseModel.apply_model, bit-exact, weights back afterwards."""
+    import comfy.sd
+    from comfyui_memorykit.memorykit import device_dispatch, device_map
+    patcher = comfy.sd.load_diffusion_model(str(fixture_models["flux"]))
+    module = patcher.model.diffusion_model
+    custom = {n: ("disk" if n == "single_blocks" else "cpu") for n, c in module.named_children() if len(c.state_dict())}
+    plan = device_map.validate_device_map(module, custom)
+    before = _digests(module)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 16, 16, 16, generator=g)
+    kw = dict(c_crossattn=torch.randn(1, 8, 4096, generator=g) * 0.5, y=torch.randn(1, 768, generator=g),
+              guidance=torch.tensor([3.5]))
+    sigma = torch.tensor([0.7])
+    with torch.inference_mode():
+        ref = patcher.model.apply_model(x, sigma, **kw)
+        handle = device_dispatch.dispatch_device_map(module, plan, str(tmp_path), skip_keys=["transformer_options"])
+        try:
+            assert module.single_blocks[0].linear1.weight.device.type == "meta"
+            out = patcher.model.apply_model(x, sigma, **kw)
+        finally:
+            handle.remove()
+    assert torch.equal(out, ref)
+    assert os.listdir(tmp_path) == []
+    assert _digests(module) == before
+    assert not any(hasattr(m, "_hf_hook") for m in module.modules())

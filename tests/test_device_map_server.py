@@ -72,12 +72,25 @@ def offload_folders(server) -> list:
     return sorted((server.base / "temp").glob("memorykit-devicemap-*"))
 
 
-def free_and_wait(server, timeout: float = 30.0) -> None:
-    """POST /free (unload models), then wait until the worker has processed it."""
-    server.free()
+WAKE = {"1": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+        "2": {"class_type": "MemoryKitTestSaveTensor", "inputs": {"value": ["1", 0], "filename_prefix": "devicemap_wake"}}}
+
+
+def free_and_wait(server, timeout: float = 60.0) -> None:
+    """POST /free (unload models) and wait until the offload folders are gone.
+
+    ComfyUI's worker reads the /free flags only when its queue wait returns; a flag set just
+    after it read them waits for the next prompt (or up to 1000 s), so a tiny prompt wakes it.
+    """
     t0 = time.time()
-    while offload_folders(server) and time.time() - t0 < timeout:
-        time.sleep(0.2)
+    while time.time() - t0 < timeout:
+        server.free()
+        t1 = time.time()
+        while offload_folders(server) and time.time() - t1 < 3:
+            time.sleep(0.2)
+        if not offload_folders(server):
+            return
+        server.run(WAKE)
 
 
 def test_wan_cpu_disk_maps_equal_plain_exactly(server, fixture_models):
