@@ -1,0 +1,159 @@
+"""Dispatch a device map onto a module with accelerate, and undo it exactly.
+
+Plain torch + accelerate; knows nothing of ComfyUI. :func:`dispatch_device_map` wraps
+``accelerate.dispatch_model`` (``AlignDevicesHook`` on every submodule that holds tensors:
+weights placed or offloaded, inputs moved to each submodule's execution device, outputs of the
+root returned to the device its input came from). The returned :class:`DispatchedModel`
+undoes it: ``remove_hook_from_module(recurse=True)``, then every parameter and buffer is put
+back on the device it had before (accelerate's removal only restores offloaded tensors), the
+``hf_device_map`` attribute is dropped and the offload folder is deleted.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import torch
+from accelerate import dispatch_model
+from accelerate.hooks import remove_hook_from_module
+from accelerate.utils import set_module_tensor_to_device
+
+from .device_map import OFFLOAD_DEVICES, Device, device_name, main_device as default_main_device
+
+OFFLOAD_DIR_PREFIX = "memorykit-devicemap-"
+
+
+def check_devices_present(device_map: dict) -> None:
+    """Raise RuntimeError naming a device of ``device_map`` this machine does not have
+    (a GPU index ≥ ``torch.cuda.device_count()``, or mps without MPS)."""
+    n = torch.cuda.device_count()
+    for d in dict.fromkeys(device_map.values()):
+        if isinstance(d, int) and d >= n:
+            have = f"{n} CUDA device(s)" if n else "no CUDA device"
+            raise RuntimeError(f"the device map uses {device_name(d)} but this machine has {have}; "
+                               "change max_memory / the custom device map")
+        if d == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise RuntimeError("the device map uses mps but MPS is not available on this machine")
+
+
+def _named_tensors(module: torch.nn.Module):
+    yield from module.named_parameters(remove_duplicate=False)
+    yield from module.named_buffers(remove_duplicate=False)
+
+
+def is_dispatched(module: torch.nn.Module) -> bool:
+    """True when ``module`` (or a submodule) carries accelerate hooks or an ``hf_device_map``."""
+    return hasattr(module, "hf_device_map") or any(hasattr(m, "_hf_hook") for m in module.modules())
+
+
+class DispatchedModel:
+    """Handle of one dispatch of a device map onto ``module`` (see :func:`dispatch_device_map`).
+
+    Attributes: ``module``, ``device_map`` (module order, accelerate devices), ``main_device``,
+    ``offload_dir`` (the folder made for ``disk`` entries, or None), ``original_devices``
+    (tensor name → ``torch.device`` before dispatch). :meth:`remove` undoes the dispatch; it is
+    idempotent.
+    """
+
+    def __init__(self, module: torch.nn.Module, device_map: dict, main_device: Device,
+                 offload_dir: str | None, original_devices: dict):
+        self.module = module
+        self.device_map = dict(device_map)
+        self.main_device = main_device
+        self.offload_dir = offload_dir
+        self.original_devices = original_devices
+        self.active = True
+
+    def remove(self) -> None:
+        """Remove every hook, put each parameter/buffer back on its original device with its
+        exact values (offloaded ones are read back from RAM or the offload files), drop
+        ``hf_device_map`` and delete the offload folder. Safe to call twice."""
+        if not self.active:
+            return
+        try:
+            _restore(self.module, self.original_devices)
+        finally:
+            self.active = False
+            if self.offload_dir:
+                shutil.rmtree(self.offload_dir, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return (f"DispatchedModel({type(self.module).__name__}, main_device={device_name(self.main_device)}, "
+                f"{len(self.device_map)} entries, active={self.active})")
+
+
+def _restore(module: torch.nn.Module, original_devices: dict) -> None:
+    remove_hook_from_module(module, recurse=True)
+    if "hf_device_map" in module.__dict__:
+        del module.__dict__["hf_device_map"]
+    for name, t in list(_named_tensors(module)):
+        want = original_devices.get(name)
+        if t.device.type == "meta":
+            raise RuntimeError(f"{name} is still on the meta device after removing the device map")
+        if want is not None and t.device != want:
+            set_module_tensor_to_device(module, name, want, clear_cache=False)
+
+
+def _expand_root(module: torch.nn.Module, device_map: dict) -> dict:
+    """``{"": d}`` → one entry per direct child / direct tensor of ``module`` on ``d``.
+
+    Written here because accelerate 1.15's ``dispatch_model`` cannot offload the root entry
+    ``""`` to disk (``extract_submodules_state_dict`` matches no key for ``""``, so no
+    ``index.json`` is written and dispatch fails); per-child entries are equivalent.
+    """
+    if "" not in device_map:
+        return dict(device_map)
+    d = device_map[""]
+    names = [n for n, _ in module.named_parameters(recurse=False)] + [n for n, _ in module.named_buffers(recurse=False)]
+    names += [n for n, c in module.named_children() if len(c.state_dict()) > 0]
+    return {n: d for n in names} or dict(device_map)
+
+
+def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folder: str | None = None,
+                        main_device: Device | None = None, skip_keys: list[str] | None = None) -> DispatchedModel:
+    """Place ``module`` according to ``device_map`` with ``accelerate.dispatch_model``.
+
+    ``device_map``: a full map of ``module`` (see :func:`memorykit.device_map.validate_device_map`).
+    ``offload_folder``: parent folder for ``disk`` entries; a new folder unique to this dispatch
+    (``memorykit-devicemap-*``) is made inside it (default: the system temp folder) and removed
+    by :meth:`DispatchedModel.remove`. ``main_device``: where inputs go and offloaded entries are
+    computed (default: the first GPU in map order, else cpu). ``skip_keys``: keyword arguments
+    (and dict keys) the hooks pass through without moving tensors inside them.
+
+    Hooks are attached even for a single-device map (``force_hooks``), so the root always
+    moves its inputs to the main device and its outputs back to the input's device.
+
+    Raises RuntimeError when a device is missing, when a device runs out of memory (the message
+    names it; the module is left as it was), and ValueError when the module is already
+    dispatched. On any error nothing is left behind (hooks, moved tensors, offload files).
+    """
+    if is_dispatched(module):
+        raise ValueError(f"{type(module).__name__} already carries a device map (hf_device_map / accelerate "
+                         "hooks); remove it first")
+    check_devices_present(device_map)
+    main = default_main_device(device_map) if main_device is None else main_device
+    original = {n: t.device for n, t in _named_tensors(module)}
+    offload_dir = None
+    if "disk" in device_map.values():
+        parent = offload_folder or tempfile.gettempdir()
+        try:
+            os.makedirs(parent, exist_ok=True)
+            offload_dir = tempfile.mkdtemp(prefix=OFFLOAD_DIR_PREFIX, dir=parent)
+        except OSError as e:
+            raise RuntimeError(f"cannot create an offload folder in {parent!r}: {e}") from None
+    try:
+        dispatch_model(module, device_map=_expand_root(module, device_map), main_device=main, offload_dir=offload_dir,
+                       skip_keys=skip_keys, force_hooks=True)
+    except BaseException as e:
+        try:
+            _restore(module, original)
+        finally:
+            if offload_dir:
+                shutil.rmtree(offload_dir, ignore_errors=True)
+        if isinstance(e, torch.OutOfMemoryError):
+            on = {device_name(d) for d in device_map.values() if d not in OFFLOAD_DEVICES}
+            raise RuntimeError(f"out of memory while placing the device map on {', '.join(sorted(on))}: lower "
+                               f"max_memory for those devices (or free memory) and run again. ({e})") from None
+        raise
+    return DispatchedModel(module, device_map, main, offload_dir, original)

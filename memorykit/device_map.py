@@ -1,0 +1,346 @@
+"""Device maps for one model: parse ``max_memory``, plan with accelerate, validate custom maps.
+
+Plain torch + accelerate; knows nothing of ComfyUI and works on any ``torch.nn.Module`` (its
+weights may be on the meta device: planning only reads sizes). Dispatching a map onto a model
+and undoing it is in :mod:`memorykit.device_dispatch`.
+
+Terms (accelerate's big-modeling vocabulary):
+
+- *device map*: ``{module or tensor name: device}`` for the names inside the model, as
+  ``infer_auto_device_map`` returns it and ``dispatch_model`` takes it. A device is a GPU index
+  (``int``: 0 for ``cuda:0``), ``"cpu"`` or ``"disk"`` (``"mps"`` on Apple). ``cpu`` and
+  ``disk`` entries are *offloaded*: their weights live in RAM / in files and are copied to the
+  main execution device for each forward.
+- *max_memory*: the budget per device in bytes that planning may fill.
+- *block*: a module that must never be split across devices (accelerate's
+  ``no_split_module_classes``); here the repeated layers of a diffusion model (transformer
+  blocks, UNet blocks).
+- *strategy*: ``balanced`` (same share per GPU), ``balanced_low_0`` (GPU 0 kept as light as
+  possible), ``sequential`` (fill GPU 0, then GPU 1, ...), as diffusers' ``device_map``
+  strings; the planning steps are those of diffusers' ``_determine_device_map`` (diffusers
+  0.42, ``models/model_loading_utils.py``).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Iterable, Union
+
+import torch
+from accelerate.utils import (compute_module_sizes, convert_file_size_to_int, get_balanced_memory,
+                              get_max_memory, infer_auto_device_map)
+
+Device = Union[int, str]
+STRATEGIES = ("balanced", "balanced_low_0", "sequential")
+OFFLOAD_DEVICES = ("cpu", "disk")
+GIB = float(1 << 30)
+
+_GPU_RE = re.compile(r"^(?:cuda:)?(\d+)$")
+
+
+def parse_device(value) -> Device:
+    """A device as accelerate's maps write it: ``"cuda:1"``/``"1"``/``1`` → ``1``; ``"cpu"``,
+    ``"disk"``, ``"mps"`` unchanged; ``"cuda"`` → ``0``.
+
+    Raises ValueError naming the value when it is not one of these.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"unknown device {value!r}: use cuda:N, cpu or disk")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"unknown device {value!r}: a GPU index must be 0 or more")
+        return value
+    if isinstance(value, torch.device):
+        value = str(value)
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("cpu", "disk", "mps"):
+            return v
+        if v == "cuda":
+            return 0
+        m = _GPU_RE.match(v)
+        if m:
+            return int(m.group(1))
+    raise ValueError(f"unknown device {value!r}: use cuda:N (e.g. cuda:0), cpu or disk")
+
+
+def format_bytes(n: float) -> str:
+    """``23.8 GiB`` / ``512 MiB``: GiB from 1 GiB up, else MiB (2**20 bytes), 3 significant digits."""
+    return f"{n / GIB:.3g} GiB" if n >= GIB else f"{n / (1 << 20):.3g} MiB"
+
+
+def device_name(device: Device) -> str:
+    """Display name of a map device: ``0`` → ``"cuda:0"``; strings unchanged."""
+    return f"cuda:{device}" if isinstance(device, int) else str(device)
+
+
+@dataclass(frozen=True)
+class MaxMemory:
+    """Parsed ``max_memory`` text.
+
+    ``budgets``: bytes per device in accelerate's order (GPUs by index, then mps, cpu), or None
+    for ``auto`` (accelerate measures free memory on every device). ``allow_disk``: whether
+    planning may put modules on ``disk`` (``auto``, or a ``disk`` entry in the text).
+    """
+
+    budgets: dict | None
+    allow_disk: bool
+
+    def describe(self) -> str:
+        if self.budgets is None:
+            return "auto"
+        parts = [f"{device_name(d)}={format_bytes(b).replace(' ', '')}" for d, b in self.budgets.items()]
+        return ", ".join(parts + (["disk"] if self.allow_disk else []))
+
+
+def parse_max_memory(text: str) -> MaxMemory:
+    """Parse ``"cuda:0=20GiB, cuda:1=22GiB, cpu=64GiB, disk"`` or ``"auto"``.
+
+    Entries are separated by commas, semicolons or new lines; each is ``device=size`` with the
+    size as accelerate's ``convert_file_size_to_int`` reads it (``GiB``/``MiB``/``KiB`` are
+    powers of 2, ``GB``/``MB``/``KB`` powers of 10, a lower-case ``b`` means bits, a bare
+    number is bytes). ``disk`` takes no size (a value, if given, is ignored: disk is unbounded
+    in accelerate). Raises ValueError naming the bad entry: unknown device, malformed size,
+    a device given twice, or no entry.
+    """
+    text = (text or "").strip()
+    if text.lower() in ("", "auto"):
+        return MaxMemory(None, True)
+    budgets: dict = {}
+    allow_disk = False
+    for raw in re.split(r"[,;\n]", text):
+        entry = raw.strip()
+        if not entry:
+            continue
+        name, sep, size = entry.partition("=")
+        device = parse_device(name)
+        if device == "disk":
+            if allow_disk:
+                raise ValueError(f"max_memory names disk twice ({entry!r})")
+            allow_disk = True
+            continue
+        if not sep or not size.strip():
+            raise ValueError(f"max_memory entry {entry!r} has no size: write {name.strip()}=20GiB")
+        size = size.strip().replace(" ", "")
+        try:
+            n = convert_file_size_to_int(int(size) if size.isdigit() else size)
+        except ValueError:
+            n = -1
+        if n <= 0:
+            raise ValueError(f"max_memory entry {entry!r}: size {size!r} is not valid; use e.g. 20GiB, 512MiB, "
+                             "24GB or a number of bytes")
+        if device in budgets:
+            raise ValueError(f"max_memory names {device_name(device)} twice ({entry!r})")
+        budgets[device] = n
+    if not budgets and not allow_disk:
+        raise ValueError(f"max_memory {text!r} has no entry: write e.g. cuda:0=20GiB, cpu=64GiB or auto")
+    gpus = sorted(d for d in budgets if isinstance(d, int))
+    ordered = {d: budgets[d] for d in gpus + [k for k in ("mps", "cpu") if k in budgets]}
+    return MaxMemory(ordered, allow_disk)
+
+
+def block_classes(module: torch.nn.Module, descend_into: Iterable[str] = ()) -> list[str]:
+    """Class names of the blocks of ``module``: the classes of the children of its direct
+    ``nn.ModuleList`` children (transformer blocks, UNet blocks), in order of first appearance.
+
+    A class named in ``descend_into`` is replaced by the classes of its own children (for
+    containers whose forward is never called as a whole). Used as accelerate's
+    ``no_split_module_classes``.
+    """
+    descend = set(descend_into)
+    out: list[str] = []
+
+    def add(m: torch.nn.Module) -> None:
+        name = type(m).__name__
+        if name in descend:
+            for c in m.children():
+                add(c)
+        elif name not in out:
+            out.append(name)
+
+    for child in module.children():
+        if isinstance(child, torch.nn.ModuleList):
+            for block in child:
+                add(block)
+    return out
+
+
+def block_names(module: torch.nn.Module, classes: Iterable[str]) -> list[str]:
+    """Names of the outermost submodules of ``module`` whose class is in ``classes``."""
+    classes = set(classes)
+    out: list[str] = []
+    for name, m in module.named_modules():
+        if name and type(m).__name__ in classes and not any(name.startswith(b + ".") for b in out):
+            out.append(name)
+    return out
+
+
+def split_blocks(device_map: dict, blocks: Iterable[str]) -> list[str]:
+    """Blocks that ``device_map`` splits (an entry lies strictly inside the block); [] when none."""
+    return sorted({b for b in blocks for k in device_map if k.startswith(b + ".")})
+
+
+def plan_device_map(module: torch.nn.Module, max_memory: dict | None, strategy: str = "balanced",
+                    no_split_module_classes: Iterable[str] = (), allow_disk: bool = True) -> tuple[dict, dict]:
+    """Plan a device map for ``module`` with accelerate, as diffusers does for ``device_map=strategy``.
+
+    ``max_memory``: bytes (or accelerate size strings) per device, GPU indices as ints; None
+    measures the free memory of every device (accelerate's ``get_max_memory``; balanced
+    strategies then keep 10 % of a single GPU free). GPUs this machine does not have are
+    planned for all the same (accelerate only warns). Sizes are those of the tensors as
+    stored (``dtype=None``). Returns ``(device_map, budgets)``: the map (in module order) and the
+    per-device budgets the map was fitted into (after balancing).
+
+    Raises ValueError for an unknown strategy, and when ``allow_disk`` is False but the budgets
+    cannot hold the model (the message names what did not fit and the largest block).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
+    no_split = list(no_split_module_classes)
+    budgets = None if max_memory is None else dict(max_memory)
+    if strategy == "sequential":
+        budgets = get_max_memory(budgets)
+    else:
+        budgets = get_balanced_memory(module, max_memory=budgets, no_split_module_classes=no_split,
+                                      low_zero=strategy == "balanced_low_0")
+    device_map = in_module_order(module, infer_auto_device_map(module, max_memory=dict(budgets),
+                                                               no_split_module_classes=no_split))
+    if not allow_disk and "disk" in device_map.values():
+        raise ValueError(_too_small_message(module, device_map, max_memory or budgets, no_split))
+    return device_map, budgets
+
+
+def _too_small_message(module, device_map: dict, budgets: dict, no_split: list[str]) -> str:
+    sizes = compute_module_sizes(module)
+    spilled = [k for k, d in device_map.items() if d == "disk"]
+    spilled_bytes = sum(sizes[k] for k in spilled)
+    blocks = block_names(module, no_split)
+    largest = max(blocks, key=lambda b: sizes[b], default=None)
+    listed = ", ".join(f"{device_name(d)}={format_bytes(b).replace(' ', '')}" for d, b in budgets.items())
+    msg = (f"max_memory ({listed}) is too small: {len(spilled)} module(s) ({format_bytes(spilled_bytes)}, "
+           f"starting with {spilled[0]!r}) fit on no listed device.")
+    if largest is not None:
+        biggest_budget = max(budgets.values(), default=0)
+        msg += f" The largest block, {largest!r}, needs {format_bytes(sizes[largest])}"
+        msg += (" and no budget holds it." if sizes[largest] > biggest_budget else
+                " (accelerate also keeps that much free on the first GPU and on cpu, for onloading).")
+    return msg + " Raise a budget, add cpu=<size>, or add disk (weights then stream from files)."
+
+
+def parse_custom_device_map(text: str) -> dict:
+    """JSON text ``{"module name": "cuda:0" | 0 | "cpu" | "disk", ...}`` → dict with parsed devices
+    (see :func:`parse_device`). Raises ValueError for invalid JSON, a non-object, or a bad device."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"custom device map is not valid JSON: {e}") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError('custom device map must be a JSON object like {"double_blocks": "cuda:0", '
+                         '"single_blocks": "cuda:1", ...}')
+    out = {}
+    for name, dev in raw.items():
+        try:
+            out[str(name)] = parse_device(dev)
+        except ValueError as e:
+            raise ValueError(f"custom device map entry {name!r}: {e}") from None
+    return out
+
+
+def validate_device_map(module: torch.nn.Module, device_map: dict) -> dict:
+    """Check that ``device_map`` names only modules/tensors of ``module``, covers every tensor,
+    and has no overlapping entries; return it in module order with parsed devices.
+
+    Raises ValueError naming an unknown module (with close names), an uncovered module, or two
+    overlapping entries.
+    """
+    dm = {k: parse_device(v) for k, v in device_map.items()}
+    modules = dict(module.named_modules())
+    tensors = [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()]
+    for key in dm:
+        if key != "" and key not in modules and key not in tensors:
+            parent = key.rsplit(".", 1)[0] if "." in key else ""
+            near = [n for n, _ in (modules[parent].named_children() if parent in modules else module.named_children())]
+            hint = f"; {('in ' + repr(parent) + ' ') if parent else ''}there are: {', '.join(near[:12])}" if near else ""
+            raise ValueError(f"custom device map names {key!r}, which is not a module of the model{hint}")
+    keys = sorted(dm, key=len)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            if a == "" or b.startswith(a + "."):
+                raise ValueError(f"custom device map entries {a!r} and {b!r} overlap: keep one of them")
+    uncovered = [t for t in tensors if not any(k == "" or t == k or t.startswith(k + ".") for k in dm)]
+    if uncovered:
+        tops = []
+        for t in uncovered:
+            parts = t.split(".")
+            top = next((".".join(parts[:i]) for i in range(1, len(parts) + 1)
+                        if not any(k.startswith(".".join(parts[:i]) + ".") for k in dm)), t)
+            if top not in tops:
+                tops.append(top)
+        raise ValueError(f"custom device map leaves out {', '.join(repr(t) for t in tops[:8])}"
+                         f"{' ...' if len(tops) > 8 else ''}: give every module a device")
+    return in_module_order(module, dm)
+
+
+def in_module_order(module: torch.nn.Module, device_map: dict) -> dict:
+    """``device_map`` with its entries sorted as ``module.named_modules()`` (then tensors) lists them
+    (accelerate lists merged entries last)."""
+    names = [n for n, _ in module.named_modules()]
+    names += [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()]
+    order: dict[str, int] = {}
+    for i, n in enumerate(names):
+        order.setdefault(n, i)
+    return {k: device_map[k] for k in sorted(device_map, key=lambda k: order.get(k, -1))}
+
+
+def main_device(device_map: dict) -> Device:
+    """The main execution device of a map: the first GPU (or mps) in map order, else ``"cpu"``.
+
+    The model's inputs are moved there, and ``cpu``/``disk`` entries are computed there.
+    (accelerate's ``dispatch_model`` picks the first of a set, which is not ordered.)
+    """
+    return next((d for d in device_map.values() if d not in OFFLOAD_DEVICES), "cpu")
+
+
+def bytes_per_device(module: torch.nn.Module, device_map: dict) -> dict[str, int]:
+    """Bytes of weights (parameters + buffers, as stored) each device of ``device_map`` holds,
+    keyed by display name (``cuda:0``, ``cpu``, ``disk``)."""
+    sizes = compute_module_sizes(module)
+    out: dict[str, int] = {}
+    for k, d in device_map.items():
+        out[device_name(d)] = out.get(device_name(d), 0) + int(sizes.get(k, 0))
+    return out
+
+
+def summarize_device_map(device_map: dict, module: torch.nn.Module | None = None) -> list[str]:
+    """One line per run of consecutive entries on one device, numbered runs compressed:
+    ``cuda:0: img_in, time_in, double_blocks.0-9 (10.2 GiB)`` (size only with ``module``)."""
+    sizes = compute_module_sizes(module) if module is not None else None
+    runs: list[tuple[Device, list[str]]] = []
+    for k, d in device_map.items():
+        if runs and runs[-1][0] == d:
+            runs[-1][1].append(k)
+        else:
+            runs.append((d, [k]))
+    lines = []
+    for d, names in runs:
+        text = ", ".join(_compress(names))
+        if sizes is not None:
+            text += f" ({format_bytes(sum(sizes.get(n, 0) for n in names))})"
+        lines.append(f"{device_name(d)}: {text}")
+    return lines
+
+
+def _compress(names: list[str]) -> list[str]:
+    """``a.0, a.1, a.2, b`` → ``a.0-2, b``; ``""`` → ``(whole model)``."""
+    out: list[str] = []
+    prev: tuple[str, int, int] | None = None
+    for n in names:
+        m = re.match(r"^(.*)\.(\d+)$", n)
+        if m and prev and prev[0] == m.group(1) and prev[2] + 1 == int(m.group(2)):
+            prev = (prev[0], prev[1], int(m.group(2)))
+            out[-1] = f"{prev[0]}.{prev[1]}" + (f"-{prev[2]}" if prev[2] != prev[1] else "")
+            continue
+        prev = (m.group(1), int(m.group(2)), int(m.group(2))) if m else None
+        out.append(n if n else "(whole model)")
+    return out

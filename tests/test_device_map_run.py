@@ -1,0 +1,239 @@
+"""Balanced Device Map, in-process execution on CPU with ``cpu`` + ``disk`` maps (Wan fixture).
+
+Checks bit-exact equality with the plain model (a forward on the bare module, and ComfyUI's
+sampler on the ModelPatcher), that unloading puts every weight back exactly (values, device,
+dtype) with no hook or offload file left, LoRA-style weight patches in either order, and a
+clean state after a failed load and after an interrupted run.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+
+import pytest
+import torch
+
+# For the Wan fixture (4.2 MiB): embeddings on cpu, blocks and head on disk (the test checks both are used).
+WAN_MAP = "cpu=4MiB, disk"
+
+
+@pytest.fixture(scope="module")
+def wan(comfy, fixture_models):
+    import comfy.sd
+    return comfy.sd.load_diffusion_model(str(fixture_models["wan"]))
+
+
+@pytest.fixture(scope="module")
+def node(comfy):
+    from comfyui_memorykit.nodes.device_map import BalancedDeviceMap
+    return BalancedDeviceMap
+
+
+@pytest.fixture(scope="module")
+def conds():
+    g = torch.Generator().manual_seed(1)
+    return [[torch.randn(1, 16, 4096, generator=g) * 0.5, {}]], [[torch.randn(1, 16, 4096, generator=g) * 0.5, {}]]
+
+
+def sample(model, conds, steps=2, callback=None):
+    import comfy.sample
+    latent = torch.zeros(1, 16, 2, 8, 8)
+    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        return comfy.sample.sample(model, noise, steps, 4.0, "euler", "simple", conds[0], conds[1], latent,
+                                   callback=callback, disable_pbar=True, seed=5)
+
+
+def snapshot(module) -> dict:
+    return {n: (t.device, t.dtype, t.detach().clone()) for n, t in
+            list(module.named_parameters()) + list(module.named_buffers())}
+
+
+def assert_restored(module, snap: dict):
+    now = snapshot(module)
+    assert now.keys() == snap.keys()
+    for n, (dev, dt, val) in snap.items():
+        assert now[n][0] == dev and now[n][1] == dt, n
+        assert torch.equal(now[n][2], val), n
+    assert not any(hasattr(m, "_hf_hook") or hasattr(m, "_old_forward") for m in module.modules())
+    assert "hf_device_map" not in module.__dict__ and "to" not in module.__dict__
+
+
+def applied(patcher):
+    from comfyui_memorykit.memorykit import comfy_integration
+    return comfy_integration._applied(patcher.model)
+
+
+def test_dispatch_on_a_plain_module_equals_and_undoes(comfy, wan, tmp_path):
+    from comfyui_memorykit.memorykit import device_dispatch, device_map
+    module = wan.model.diffusion_model
+    snap = snapshot(module)
+    mm = device_map.parse_max_memory(WAN_MAP)
+    plan, _ = device_map.plan_device_map(module, mm.budgets, "sequential", device_map.block_classes(module))
+    assert set(plan.values()) == {"cpu", "disk"}
+    g = torch.Generator().manual_seed(3)
+    x, t, ctx = torch.randn(1, 16, 2, 8, 8, generator=g), torch.tensor([700.0]), torch.randn(1, 12, 4096, generator=g)
+    with torch.inference_mode():
+        ref = module(x, t, ctx, transformer_options={})
+        handle = device_dispatch.dispatch_device_map(module, plan, str(tmp_path), skip_keys=["transformer_options"])
+        try:
+            root_hook = module._hf_hook  # inputs to the main device, output back to the input's device
+            assert root_hook.execution_device == "cpu" and root_hook.io_same_device
+            assert root_hook.skip_keys == ["transformer_options"]
+            folders = os.listdir(tmp_path)
+            assert len(folders) == 1 and os.listdir(tmp_path / folders[0])  # offloaded weight files
+            disk_param = next(n for n, p in module.named_parameters() if n.startswith("blocks."))
+            assert module.get_parameter(disk_param).device.type == "meta"
+            out = module(x, t, ctx, transformer_options={})
+        finally:
+            handle.remove()
+        handle.remove()  # idempotent
+    assert torch.equal(out, ref)
+    assert os.listdir(tmp_path) == []
+    assert_restored(module, snap)
+
+
+def test_dispatch_error_leaves_nothing_behind(comfy, wan, tmp_path):
+    from comfyui_memorykit.memorykit import device_dispatch
+    if torch.cuda.device_count() > 7:
+        pytest.skip("machine has a cuda:7")
+    module = wan.model.diffusion_model
+    snap = snapshot(module)
+    with pytest.raises(RuntimeError, match="cuda:7"):
+        device_dispatch.dispatch_device_map(module, {"patch_embedding": 7, "text_embedding": "disk", "time_embedding": "cpu",
+                                                     "time_projection": "cpu", "blocks": "disk", "head": "cpu"},
+                                            str(tmp_path))
+    assert os.listdir(tmp_path) == []
+    assert_restored(module, snap)
+
+
+def test_sampling_equals_plain_and_unload_restores(node, wan, conds, tmp_path):
+    import comfy.model_management as mm
+    module = wan.model.diffusion_model
+    snap = snapshot(module)
+    ref = sample(wan, conds)
+    clone = node.execute(wan, "sequential", WAN_MAP, str(tmp_path), "").result[0]
+    out = sample(clone, conds)
+    assert torch.equal(out, ref)
+    st = applied(wan)
+    assert st is not None and len(os.listdir(tmp_path)) == 1
+    assert module.hf_device_map  # accelerate's record of the placement
+    # the plain model (same nn.Module) loaded next: the map is reset first
+    assert torch.equal(sample(wan, conds), ref)
+    assert applied(wan) is None and os.listdir(tmp_path) == []
+    assert_restored(module, snap)
+    # mapped again, then ComfyUI unloads everything (as POST /free does)
+    assert torch.equal(sample(clone, conds), ref)
+    assert applied(wan) is not None
+    mm.unload_all_models()
+    assert applied(wan) is None and os.listdir(tmp_path) == []
+    assert_restored(module, snap)
+    # loaded, then the clone is dropped (its node output left the cache): ModelPatcher.__del__ detaches it
+    sample(clone, conds)
+    del clone
+    gc.collect()
+    assert applied(wan) is None and os.listdir(tmp_path) == []
+    assert torch.equal(sample(wan, conds), ref)
+    assert_restored(module, snap)
+    mm.unload_all_models()
+
+
+def test_weight_patches_in_either_order(node, wan, conds, tmp_path):
+    """LoRA-style patches (ComfyUI's ModelPatcher.add_patches) before or after the node."""
+    import comfy.model_management as mm
+    snap = snapshot(wan.model.diffusion_model)
+    g = torch.Generator().manual_seed(9)
+    keys = ["diffusion_model.blocks.0.self_attn.q.weight", "diffusion_model.text_embedding.0.weight",
+            "diffusion_model.head.head.weight"]
+    sd = wan.model.state_dict()
+    patches = {k: (torch.randn(sd[k].shape, generator=g) * 0.05,) for k in keys}
+
+    def patched(m):
+        m = m.clone()
+        assert len(m.add_patches(patches, 1.0)) == len(keys)
+        return m
+
+    ref = sample(patched(wan), conds)
+    assert not torch.equal(ref, sample(wan, conds))  # the patches matter
+    before = node.execute(patched(wan), "sequential", WAN_MAP, str(tmp_path), "").result[0]
+    after = patched(node.execute(wan, "sequential", WAN_MAP, str(tmp_path), "").result[0])
+    assert torch.equal(sample(before, conds), ref)
+    assert torch.equal(sample(after, conds), ref)
+    mm.unload_all_models()
+    assert_restored(wan.model.diffusion_model, snap)
+    assert os.listdir(tmp_path) == []
+
+
+def test_missing_device_fails_at_load_then_plain_runs(node, wan, conds, tmp_path):
+    import comfy.model_management as mm
+    if torch.cuda.device_count() > 7:
+        pytest.skip("machine has a cuda:7")
+    snap = snapshot(wan.model.diffusion_model)
+    ref = sample(wan, conds)
+    custom = {"patch_embedding": "cuda:7", "text_embedding": "cpu", "time_embedding": "cpu",
+              "time_projection": "cpu", "blocks": "disk", "head": "cpu"}
+    out = node.execute(wan, "balanced", "auto", str(tmp_path), json.dumps(custom))
+    assert out.ui["memorykit_report"][0]["missing_devices"] == ["cuda:7"]
+    with pytest.raises(RuntimeError, match="cuda:7"):
+        sample(out.result[0], conds)
+    assert applied(wan) is None and os.listdir(tmp_path) == []
+    assert_restored(wan.model.diffusion_model, snap)
+    assert torch.equal(sample(wan, conds), ref)
+    mm.unload_all_models()
+
+
+def test_interrupted_run_then_next_run_is_correct(node, wan, conds, tmp_path):
+    import comfy.model_management as mm
+    snap = snapshot(wan.model.diffusion_model)
+    ref = sample(wan, conds, steps=3)
+    clone = node.execute(wan, "sequential", WAN_MAP, str(tmp_path), "").result[0]
+
+    def interrupt(step, *args):
+        raise mm.InterruptProcessingException()
+
+    with pytest.raises(mm.InterruptProcessingException):
+        sample(clone, conds, steps=3, callback=interrupt)
+    assert torch.equal(sample(clone, conds, steps=3), ref)
+    mm.unload_all_models()
+    assert applied(wan) is None and os.listdir(tmp_path) == []
+    assert_restored(wan.model.diffusion_model, snap)
+
+
+def _digests(module) -> dict:
+    """tensor name → (device, dtype, sha256 of the raw bytes): an exact fingerprint without a copy."""
+    out = {}
+    for n, t in module.state_dict().items():
+        raw = t.detach().contiguous().view(torch.uint8).numpy() if t.numel() else b""
+        out[n] = (t.device, t.dtype, hashlib.sha256(raw).hexdigest())
+    return out
+
+
+def test_flux_forward_with_a_disk_map_equals_plain(comfy, fixture_models, tmp_path):
+    """Flux-shaped fixture (hidden 3072, 2.2 GB fp32): single block on disk, the rest in RAM;
+    one forward through ComfyUI's BaseModel.apply_model, bit-exact, weights back afterwards."""
+    import comfy.sd
+    from comfyui_memorykit.memorykit import device_dispatch, device_map
+    patcher = comfy.sd.load_diffusion_model(str(fixture_models["flux"]))
+    module = patcher.model.diffusion_model
+    custom = {n: ("disk" if n == "single_blocks" else "cpu") for n, c in module.named_children() if len(c.state_dict())}
+    plan = device_map.validate_device_map(module, custom)
+    before = _digests(module)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 16, 16, 16, generator=g)
+    kw = dict(c_crossattn=torch.randn(1, 8, 4096, generator=g) * 0.5, y=torch.randn(1, 768, generator=g),
+              guidance=torch.tensor([3.5]))
+    sigma = torch.tensor([0.7])
+    with torch.inference_mode():
+        ref = patcher.model.apply_model(x, sigma, **kw)
+        handle = device_dispatch.dispatch_device_map(module, plan, str(tmp_path), skip_keys=["transformer_options"])
+        try:
+            assert module.single_blocks[0].linear1.weight.device.type == "meta"
+            out = patcher.model.apply_model(x, sigma, **kw)
+        finally:
+            handle.remove()
+    assert torch.equal(out, ref)
+    assert os.listdir(tmp_path) == []
+    assert _digests(module) == before
+    assert not any(hasattr(m, "_hf_hook") for m in module.modules())
