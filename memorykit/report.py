@@ -40,3 +40,36 @@ def format_report(rep: dict) -> str:
         lines.append(f"{m['name']}: {g(m['size_bytes'])} GiB, {g(m['on_gpu_bytes'])} GiB on GPU "
                      f"({m['current_device']})")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Free Memory: what was freed
+# --------------------------------------------------------------------------------------------
+
+def freed_fields(before: dict, after: dict, unloaded: list[dict]) -> dict:
+    """Fields Free Memory adds to its report (all sizes in bytes).
+
+    ``before``: :func:`memory.snapshot` taken before freeing; ``after``: the report built after;
+    ``unloaded``: model dicts (as ``comfy_integration.loaded_models()``) that were unloaded.
+    Returns ``unloaded_models`` (names), ``unloaded_bytes`` (sum of their weights that ComfyUI
+    had loaded on their load device), ``freed_vram_bytes`` (drop of torch-allocated VRAM, summed
+    over CUDA devices, ≥ 0) and ``released_cache_bytes`` (drop of VRAM reserved by torch's
+    caching allocator, i.e. handed back to the driver, ≥ 0). Both VRAM figures are 0 without CUDA.
+    """
+    def total(snap, key):
+        return sum(d[key] for d in snap["cuda"])
+
+    return {
+        "unloaded_models": [m["name"] for m in unloaded],
+        "unloaded_bytes": sum(m["loaded_bytes"] for m in unloaded),
+        "freed_vram_bytes": max(0, total(before, "allocated_bytes") - total(after, "allocated_bytes")),
+        "released_cache_bytes": max(0, total(before, "reserved_bytes") - total(after, "reserved_bytes")),
+    }
+
+
+def format_freed(rep: dict) -> str:
+    """One-line summary of :func:`freed_fields` (GiB)."""
+    g = memory.gib
+    names = ", ".join(rep["unloaded_models"]) or "none"
+    return (f"Unloaded: {names} ({g(rep['unloaded_bytes'])} GiB); VRAM freed {g(rep['freed_vram_bytes'])} GiB, "
+            f"cache released {g(rep['released_cache_bytes'])} GiB")

@@ -2,6 +2,7 @@
 from comfy_api.latest import ComfyExtension, io
 
 from .device_map import BalancedDeviceMap
+from .free_memory import FreeMemory
 from .report import MemoryReport
 
 CATEGORY = "MemoryKit"
@@ -11,4 +12,4 @@ class MemoryKitExtension(ComfyExtension):
     """Registers every MemoryKit node with ComfyUI."""
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [MemoryReport, BalancedDeviceMap]
+        return [MemoryReport, FreeMemory, BalancedDeviceMap]

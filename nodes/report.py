@@ -6,12 +6,13 @@ import math
 from comfy_api.latest import io
 
 from ..memorykit import comfy_integration, memory, report
+from .schema_util import make_schema
 
 
 class MemoryReport(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return make_schema(
             node_id="MemoryKitMemoryReport",
             display_name="Memory Report",
             category="MemoryKit",
@@ -20,6 +21,7 @@ class MemoryReport(io.ComfyNode):
                 "peak and current VRAM (per CUDA device), process RAM, and every model ComfyUI "
                 "holds with how much of it sits on the GPU. Place it after the node you want to measure."
             ),
+            search_aliases=["vram usage", "memory usage", "ram", "profiler", "peak memory", "lowvram"],
             is_output_node=True,
             inputs=[
                 io.AnyType.Input("value", tooltip="Any output (IMAGE, LATENT, MODEL, ...). Passed through "

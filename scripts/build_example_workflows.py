@@ -71,10 +71,22 @@ def wan21_device_map() -> dict:
     return p
 
 
+def free_memory_sd15() -> dict:
+    """SD1.5 at 256², 4 steps; Free Memory between sampling and decoding, with a Memory Report on
+    each side of it (the first lists the UNet, the second lists no model)."""
+    p = sd15_txt2img()
+    p["7"] = {"class_type": "MemoryKitFreeMemory", "inputs": {"value": ["6", 0], "unload_models": True, "empty_cache": True}}
+    p["8"] = {"class_type": "MemoryKitMemoryReport", "inputs": {"value": ["7", 0], "label": "after Free Memory", "reset_peak": True}}
+    p["9"] = {"class_type": "VAEDecode", "inputs": {"samples": ["8", 0], "vae": ["1", 2]}}
+    p["10"] = {"class_type": "SaveImage", "inputs": {"images": ["9", 0], "filename_prefix": "MemoryKit/free_memory"}}
+    return p
+
+
 WORKFLOWS = {
     "memory_report_sd15": sd15_txt2img,
     "memory_report_wan21_t2v": wan21_t2v,
     "balanced_device_map_wan21_t2v": wan21_device_map,
+    "free_memory_sd15": free_memory_sd15,
 }
 
 
