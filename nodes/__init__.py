@@ -2,6 +2,7 @@
 from comfy_api.latest import ComfyExtension, io
 
 from .report import MemoryReport
+from .sharded import SaveSharded, ShardedCheckpointLoader, ShardedTextEncoderLoader
 
 CATEGORY = "MemoryKit"
 
@@ -10,4 +11,4 @@ class MemoryKitExtension(ComfyExtension):
     """Registers every MemoryKit node with ComfyUI."""
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [MemoryReport]
+        return [MemoryReport, ShardedCheckpointLoader, ShardedTextEncoderLoader, SaveSharded]
