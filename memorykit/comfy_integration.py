@@ -194,7 +194,7 @@ def save_model_sharded(model, name: str, max_shard_size: str = "5GB", overwrite:
     Raises ValueError for a bad name or size, FileExistsError for an existing folder.
     """
     import comfy.utils
-    name = (name or "").strip().strip("/")
+    name = (name or "").strip().rstrip("/")
     parts = name.replace("\\", "/").split("/")
     if not name or _os.path.isabs(name) or any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"name {name!r}: give a folder name inside models/diffusion_models (no '..', not absolute)")

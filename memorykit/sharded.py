@@ -177,7 +177,7 @@ def _load_index_json(index_path: Path) -> dict:
         seen = {}
         for k, v in pairs:
             if k in seen:
-                raise ShardedCheckpointError(f"{index_path.name}: tensor/key {k!r} is listed twice")
+                raise ShardedCheckpointError(f"{index_path}: tensor/key {k!r} is listed twice")
             seen[k] = v
         return seen
     try:
@@ -195,17 +195,17 @@ def _load_index_json(index_path: Path) -> dict:
     return data
 
 
-def _read_shard(path: Path, name: str) -> Shard:
+def _read_shard(path: Path, name: str, folder: Path) -> Shard:
     """Open one shard's header (safe_open validates it: length, JSON, offsets covering the file)."""
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             keys = tuple(f.keys())
             metadata = dict(f.metadata() or {})
     except SafetensorError as e:
-        raise ShardedCheckpointError(f"shard {name!r} is not a valid safetensors file (truncated or corrupted "
-                                     f"header: {e}); re-download or re-save it") from e
+        raise ShardedCheckpointError(f"shard {name!r} in {folder} is not a valid safetensors file (truncated "
+                                     f"or corrupted header: {e}); re-download or re-save it") from e
     except OSError as e:
-        raise ShardedCheckpointError(f"shard {name!r} cannot be read: {e}") from e
+        raise ShardedCheckpointError(f"shard {name!r} in {folder} cannot be read: {e}") from e
     # Exact data bytes per tensor from the header's data_offsets (valid: safe_open accepted it).
     with open(path, "rb") as fh:
         n = int.from_bytes(fh.read(8), "little")
@@ -234,32 +234,35 @@ def read_index(path: str | os.PathLike) -> ShardedIndex:
     shards: list[Shard] = []
     for name in by_shard:
         if isinstance(name, str) and name.lower().endswith(PICKLE_SUFFIXES):
-            raise ShardedCheckpointError(f"{index_path.name}: shard {name!r} is a pickle file: pickle files "
+            raise ShardedCheckpointError(f"{index_path}: shard {name!r} is a pickle file: pickle files "
                                          "(.bin/.pt/.ckpt) are never unpickled by this loader; use .safetensors shards")
         target = safe_join(folder, name)
         if not name.lower().endswith(SHARD_SUFFIX):
-            raise ShardedCheckpointError(f"{index_path.name}: shard {name!r} is not a .safetensors file; only "
+            raise ShardedCheckpointError(f"{index_path}: shard {name!r} is not a .safetensors file; only "
                                          "safetensors shards are read")
         if not target.is_file():
-            raise ShardedCheckpointError(f"{index_path.name} lists shard {name!r}, which is missing from {folder} "
-                                         f"(tensor {by_shard[name][0]!r} and {len(by_shard[name]) - 1} more)")
-        shards.append(_read_shard(target, name))
+            more = len(by_shard[name]) - 1
+            raise ShardedCheckpointError(f"{index_path} lists shard {name!r}, which is missing from {folder} "
+                                         f"(it should hold tensor {by_shard[name][0]!r}"
+                                         + (f" and {more} more)" if more else ")"))
+        shards.append(_read_shard(target, name, folder))
     where: dict[str, str] = {}
     for s in shards:
         for k in s.keys:
             if k in where:
-                raise ShardedCheckpointError(f"tensor {k!r} is stored in two shards, {where[k]!r} and {s.name!r}; "
-                                             f"the index maps it to {weight_map.get(k)!r}")
+                raise ShardedCheckpointError(f"tensor {k!r} is stored in two shards of {folder}, {where[k]!r} and "
+                                             f"{s.name!r}; the index maps it to {weight_map.get(k)!r}")
             where[k] = s.name
     for s in shards:
         absent = [k for k in by_shard[s.name] if where.get(k) != s.name]
         if absent:
-            raise ShardedCheckpointError(f"{index_path.name} lists tensor {absent[0]!r} in shard {s.name!r}, but the "
+            raise ShardedCheckpointError(f"{index_path} lists tensor {absent[0]!r} in shard {s.name!r}, but the "
                                          f"shard does not hold it ({len(absent)} such tensors)")
         extra = [k for k in s.keys if weight_map.get(k) != s.name]
         if extra:
-            raise ShardedCheckpointError(f"shard {s.name!r} holds tensor {extra[0]!r}, which {index_path.name} does not "
-                                         f"list ({len(extra)} such tensors): index and shards do not match")
+            raise ShardedCheckpointError(f"shard {s.name!r} in {folder} holds tensor {extra[0]!r}, which "
+                                         f"{index_path.name} does not list ({len(extra)} such tensors): index and "
+                                         "shards do not match")
     nbytes = sum(s.nbytes for s in shards)
     meta = dict(data.get("metadata") or {})
     total_size = meta.get("total_size")
@@ -267,9 +270,9 @@ def read_index(path: str | os.PathLike) -> ShardedIndex:
         try:
             total_size = int(total_size)
         except (TypeError, ValueError):
-            raise ShardedCheckpointError(f"{index_path.name}: metadata.total_size {total_size!r} is not a number")
+            raise ShardedCheckpointError(f"{index_path}: metadata.total_size {total_size!r} is not a number")
         if total_size != nbytes:
-            raise ShardedCheckpointError(f"{index_path.name}: metadata.total_size is {total_size} bytes but the shards "
+            raise ShardedCheckpointError(f"{index_path}: metadata.total_size is {total_size} bytes but the shards "
                                          f"hold {nbytes} bytes of tensors: index and shards do not match")
     return ShardedIndex(index_path, folder, dict(weight_map), tuple(shards), total_size, nbytes, meta)
 
