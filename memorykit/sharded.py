@@ -142,7 +142,14 @@ def list_sharded(root: str | os.PathLike) -> list[str]:
     out = []
     if not root.is_dir():
         return out
+    seen: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:  # a symlink cycle, or a folder linked twice
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        # Hidden folders skipped: Save Sharded's unfinished ".<name>.partial-*" folders among them.
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         indexes = sorted(f for f in filenames if f.endswith(INDEX_SUFFIX))
         rel = Path(dirpath).relative_to(root).as_posix()

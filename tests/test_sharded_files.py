@@ -94,6 +94,10 @@ def test_listing_folders_and_index_files(tmp_path):
     (tmp_path / "single.safetensors").write_bytes(b"")
     assert sharded.list_sharded(tmp_path) == ["a", "sub/b", "two/model.fp16.safetensors.index.json", f"two/{INDEX}"]
     assert sharded.list_sharded(tmp_path / "missing") == []
+    (tmp_path / "sub" / "loop").symlink_to(tmp_path, target_is_directory=True)  # a cycle ends the walk
+    (tmp_path / ".a.partial-1234").mkdir()                                     # unfinished saves are hidden
+    _checkpoint(tmp_path / ".a.partial-1234" / "x")
+    assert sharded.list_sharded(tmp_path) == ["a", "sub/b", "two/model.fp16.safetensors.index.json", f"two/{INDEX}"]
 
 
 # -- bad input: each case its own test, a clear error naming the file/key, nothing returned --
