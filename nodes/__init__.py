@@ -4,6 +4,7 @@ from comfy_api.latest import ComfyExtension, io
 from .device_map import BalancedDeviceMap
 from .free_memory import FreeMemory
 from .report import MemoryReport
+from .sharded import SaveSharded, ShardedCheckpointLoader, ShardedTextEncoderLoader
 
 CATEGORY = "MemoryKit"
 
@@ -12,4 +13,5 @@ class MemoryKitExtension(ComfyExtension):
     """Registers every MemoryKit node with ComfyUI."""
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [MemoryReport, FreeMemory, BalancedDeviceMap]
+        return [MemoryReport, FreeMemory, ShardedCheckpointLoader, ShardedTextEncoderLoader, SaveSharded,
+                BalancedDeviceMap]

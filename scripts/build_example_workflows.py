@@ -80,6 +80,24 @@ def free_memory_sd15() -> dict:
     p["9"] = {"class_type": "VAEDecode", "inputs": {"samples": ["8", 0], "vae": ["1", 2]}}
     p["10"] = {"class_type": "SaveImage", "inputs": {"images": ["9", 0], "filename_prefix": "MemoryKit/free_memory"}}
     return p
+def sharded_sd15_txt2img() -> dict:
+    """SD1.5 text-to-image at 256², 4 steps, with the UNet and the CLIP-L each loaded from
+    safetensors shards + index (Sharded Checkpoint Loader / Sharded Text Encoder Loader)."""
+    return {
+        "1": {"class_type": "MemoryKitShardedCheckpointLoader",
+              "inputs": {"model_name": "mk_sd15_tiny_unet_sharded", "weight_dtype": "default"}},
+        "2": {"class_type": "MemoryKitShardedTextEncoderLoader",
+              "inputs": {"text_encoder_name": "mk_sd15_clip_l_sharded", "type": "stable_diffusion", "device": "default"}},
+        "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse at dawn, oil painting", "clip": ["2", 0]}},
+        "4": {"class_type": "CLIPTextEncode", "inputs": {"text": NEG, "clip": ["2", 0]}},
+        "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 256, "height": 256, "batch_size": 1}},
+        "6": {"class_type": "KSampler", "inputs": {"model": ["1", 0], "seed": 42, "steps": 4, "cfg": 5.0,
+                                                  "sampler_name": "euler", "scheduler": "normal", "positive": ["3", 0],
+                                                  "negative": ["4", 0], "latent_image": ["5", 0], "denoise": 1.0}},
+        "7": {"class_type": "VAELoader", "inputs": {"vae_name": "mk_sd15_vae_tiny.safetensors"}},
+        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["7", 0]}},
+        "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "MemoryKit/sharded_sd15"}},
+    }
 
 
 WORKFLOWS = {
@@ -87,6 +105,7 @@ WORKFLOWS = {
     "memory_report_wan21_t2v": wan21_t2v,
     "balanced_device_map_wan21_t2v": wan21_device_map,
     "free_memory_sd15": free_memory_sd15,
+    "sharded_loaders_sd15": sharded_sd15_txt2img,
 }
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from . import comfy_env, paths
+from . import comfy_env, paths, sharded_models
 
 FIXTURE_VERSION = "1"
 SEED = 20261130
@@ -194,7 +194,9 @@ def ensure_models(which: tuple[str, ...] = ("sd15", "wan", "flux")) -> dict[str,
     """Generate the requested fixtures if missing; return their paths (keys below).
 
     Keys: ``sd15`` (checkpoint), ``wan`` (diffusion model), ``wan_vae``, ``flux`` (single
-    ComfyUI-format file), ``flux_sharded`` (folder). Generation is skipped when a stamp file
+    ComfyUI-format file), ``flux_sharded`` (folder); with ``sd15`` also the parts cut from it
+    (see ``sharded_models``): ``sd15_clip_l``, ``sd15_clip_l_sharded``, ``sd15_unet_sharded``,
+    ``sd15_vae``. Generation is skipped when a stamp file
     of the current FIXTURE_VERSION exists.
     """
     m = paths.MODELS
@@ -204,10 +206,12 @@ def ensure_models(which: tuple[str, ...] = ("sd15", "wan", "flux")) -> dict[str,
         "wan_vae": m / "vae" / "mk_wan21_vae_tiny.safetensors",
         "flux": m / "diffusion_models" / "mk_flux_tiny.safetensors",
         "flux_sharded": m / "diffusion_models" / "mk_flux_tiny_sharded",
+        **sharded_models.paths_for(m),
     }
     jobs = []
     if "sd15" in which:
         jobs.append((out["sd15"], lambda: make_sd15_checkpoint(out["sd15"])))
+        jobs.append((out["sd15_vae"], lambda: sharded_models.make_sd15_parts(out["sd15"], out)))
     if "wan" in which:
         jobs.append((out["wan"], lambda: make_wan21(out["wan"])))
         jobs.append((out["wan_vae"], lambda: make_wan21_vae(out["wan_vae"])))
