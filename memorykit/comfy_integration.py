@@ -46,7 +46,7 @@ def loaded_models() -> list[dict]:
 # class, for the clone only: nothing of ComfyUI is replaced globally.
 # =============================================================================================
 import uuid  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -59,7 +59,7 @@ DEVICE_MAP_ATTACHMENT = "memorykit_device_map"
 _DEVICE_MAP_SKIP_KEYS = ["transformer_options"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DeviceMapPlan:
     """What a Balanced Device Map clone carries (as the attachment ``memorykit_device_map``).
 
@@ -70,7 +70,6 @@ class DeviceMapPlan:
     device_map: dict
     main_device: object
     offload_folder: str
-    token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 @dataclass

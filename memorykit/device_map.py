@@ -261,7 +261,8 @@ def validate_device_map(module: torch.nn.Module, device_map: dict) -> dict:
         if key != "" and key not in modules and key not in tensors:
             parent = key.rsplit(".", 1)[0] if "." in key else ""
             near = [n for n, _ in (modules[parent].named_children() if parent in modules else module.named_children())]
-            hint = f"; {('in ' + repr(parent) + ' ') if parent else ''}there are: {', '.join(near[:12])}" if near else ""
+            where = f"in {parent!r} " if parent else ""
+            hint = f"; {where}there are: {', '.join(near[:12])}" if near else ""
             raise ValueError(f"custom device map names {key!r}, which is not a module of the model{hint}")
     keys = sorted(dm, key=len)
     for i, a in enumerate(keys):

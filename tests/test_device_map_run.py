@@ -102,9 +102,9 @@ def test_dispatch_error_leaves_nothing_behind(comfy, wan, tmp_path):
     module = wan.model.diffusion_model
     snap = snapshot(module)
     with pytest.raises(RuntimeError, match="cuda:7"):
-        device_dispatch.dispatch_device_map(module, {"patch_embedding": 7, "text_embedding": "disk", "time_embedding": "cpu",
-                                                     "time_projection": "cpu", "blocks": "disk", "head": "cpu"},
-                                            str(tmp_path))
+        bad = {"patch_embedding": 7, "text_embedding": "disk", "time_embedding": "cpu", "time_projection": "cpu",
+               "blocks": "disk", "head": "cpu"}
+        device_dispatch.dispatch_device_map(module, bad, str(tmp_path))
     assert os.listdir(tmp_path) == []
     assert_restored(module, snap)
 

@@ -23,10 +23,12 @@ def wan_prompt(branches: dict) -> dict:
     """Wan 2.1 t2v, 5 frames at 64², 3 steps; one KSampler + raw-latent save per branch
     (``None`` = the plain model, else the Balanced Device Map node's inputs)."""
     p = {
-        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "mk_wan21_tiny.safetensors", "weight_dtype": "default"}},
+        "1": {"class_type": "UNETLoader",
+              "inputs": {"unet_name": "mk_wan21_tiny.safetensors", "weight_dtype": "default"}},
         "2": {"class_type": "MemoryKitTestWanTextEncode", "inputs": {"text": "a red fox in snow", "tokens": 16}},
         "3": {"class_type": "MemoryKitTestWanTextEncode", "inputs": {"text": "blurry", "tokens": 16}},
-        "4": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 64, "height": 64, "length": 5, "batch_size": 1}},
+        "4": {"class_type": "EmptyHunyuanLatentVideo",
+              "inputs": {"width": 64, "height": 64, "length": 5, "batch_size": 1}},
     }
     return _branches(p, branches, ["1", 0], "simple")
 
@@ -73,7 +75,8 @@ def offload_folders(server) -> list:
 
 
 WAKE = {"1": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
-        "2": {"class_type": "MemoryKitTestSaveTensor", "inputs": {"value": ["1", 0], "filename_prefix": "devicemap_wake"}}}
+        "2": {"class_type": "MemoryKitTestSaveTensor",
+              "inputs": {"value": ["1", 0], "filename_prefix": "devicemap_wake"}}}
 
 
 def free_and_wait(server, timeout: float = 60.0) -> None:
