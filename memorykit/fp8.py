@@ -1,0 +1,424 @@
+"""FP8 layerwise casting: store Linear/Conv weights in float8, compute in bf16/fp16/fp32.
+
+Plain torch; knows nothing of ComfyUI and works on any ``torch.nn.Module``. Pieces:
+
+- :func:`quantize_weight` / :func:`quantize_with_scale` / :func:`dequantize_weight`: one
+  weight ⇄ float8 storage with an optional scale (none, per-tensor, per-output-channel).
+- :func:`plan_layers`: which layers of a module are cast and which are kept (regex skip
+  patterns on module names, :func:`default_skip_patterns` per architecture family).
+- :func:`scaled_linear` / :func:`scale_weight`: the compute side (storage → compute dtype,
+  scale applied), shared by the plain-torch layers here and the ComfyUI op layers in
+  ``comfy_integration``.
+- :func:`apply_fp8_layerwise`: cast a plain module (benchmarks, non-ComfyUI use); returns
+  a handle whose ``restore()`` puts the original layers back.
+
+Why not ``diffusers.hooks.apply_layerwise_casting``: it casts a module's weights *in place*,
+has no removal (so it cannot be undone on unload), has no scale (small weights fall into
+float8's subnormal range: the 2+2-block Flux measurement in issue 4 gives 0.083 relative
+error unscaled vs 0.065 with a per-tensor scale) and its default skip patterns use
+diffusers' module names. In ComfyUI, ``ModelPatcher.clone()`` shares one nn.Module between
+every branch, so in-place casting would change the input MODEL. The ComfyUI integration
+therefore builds *new* layer modules holding the float8 tensors (ComfyUI cast ops: they
+already cast weights to the input dtype at forward time, stream in lowvram mode and take
+LoRA patches through ``convert_weight``/``set_weight``) and hands them to the clone as
+object patches, which ComfyUI swaps in on load and restores on unload. The plain-module API
+here replaces child modules the same way (and restores them) instead of casting in place.
+
+Units: bytes everywhere; scales are float32 tensors.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+STORAGE_DTYPES = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+COMPUTE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+SCALINGS = ("none", "per-tensor", "per-output-channel")
+# Largest finite value of each float8 format (OCP FP8 spec; torch.finfo gives the same).
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+CASTABLE_TYPES = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+HIGH_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
+
+# ---------------------------------------------------------------------------------------------
+# Default skip patterns, in ComfyUI's module names (relative to ``model.diffusion_model``).
+# Each entry: (regex searched in the module name, category). Categories: "embedding",
+# "modulation", "in/out projection". Norm layers are not Linear/Conv in these models, so they
+# are never cast; the "norm" pattern catches the few Linear layers that live inside a norm
+# (e.g. Qwen-Image's ``norm_out.linear``, an AdaLN modulation).
+# ---------------------------------------------------------------------------------------------
+COMMON_SKIPS = (
+    (r"norm", "norm"),
+    (r"embed", "embedding"),
+    (r"(^|\.)pos_", "embedding"),
+)
+FAMILY_SKIPS: dict[str, tuple[tuple[str, str], ...]] = {
+    # SD1.x / SD2.x / SDXL UNet (comfy.ldm.modules.diffusionmodules.openaimodel.UNetModel)
+    "unet": (
+        (r"^time_embed\.", "embedding"), (r"^label_emb\.", "embedding"),
+        (r"\.emb_layers\.", "modulation"),
+        (r"^input_blocks\.0\.0$", "in/out projection"), (r"^out\.", "in/out projection"),
+    ),
+    # Flux / Flux-Kontext / Chroma / HunyuanVideo (comfy.ldm.flux, chroma, hunyuan_video)
+    "flux": (
+        (r"^(time_in|vector_in|guidance_in|distilled_guidance_layer)\.", "embedding"),
+        (r"(_mod\.|modulation)", "modulation"),
+        (r"^(img_in|txt_in)(\.|$)", "in/out projection"),
+        (r"^final_layer\.", "in/out projection"),
+    ),
+    # Wan 2.x (comfy.ldm.wan.model.WanModel and variants)
+    "wan": (
+        (r"^(text_embedding|time_embedding|img_emb)\.", "embedding"),
+        (r"^time_projection\.", "modulation"),
+        (r"^patch_embedding$", "in/out projection"), (r"^head\.", "in/out projection"),
+    ),
+    # SD3 / SD3.5 MMDiT (comfy.ldm.modules.diffusionmodules.mmdit)
+    "mmdit": (
+        (r"^(t_embedder|y_embedder|context_embedder|x_embedder)\.", "embedding"),
+        (r"adaLN_modulation", "modulation"),
+        (r"^final_layer\.", "in/out projection"),
+    ),
+    # Qwen-Image (comfy.ldm.qwen_image)
+    "qwen_image": (
+        (r"^time_text_embed\.", "embedding"),
+        (r"(img_mod|txt_mod)\.", "modulation"),
+        (r"^(img_in|txt_in|proj_out)$", "in/out projection"),
+    ),
+    # LTX-Video (comfy.ldm.lightricks)
+    "ltxv": (
+        (r"^(adaln_single|caption_projection)\.", "modulation"),
+        (r"^(patchify_proj|proj_out)$", "in/out projection"),
+    ),
+    # Lumina 2 / NextDiT (comfy.ldm.lumina)
+    "lumina": (
+        (r"^(t_embedder|cap_embedder|x_embedder)(\.|$)", "embedding"),
+        (r"adaLN_modulation", "modulation"),
+        (r"^final_layer\.", "in/out projection"),
+    ),
+    # Anything else: the usual names of input/output projections.
+    "generic": (
+        (r"^(img_in|txt_in|x_embedder|patch_embed|patch_embedding|proj_in|proj_out|conv_in|conv_out)(\.|$)",
+         "in/out projection"),
+        (r"^(final_layer|head|out)\.", "in/out projection"),
+        (r"(modulation|adaLN)", "modulation"),
+    ),
+}
+# Class name of the diffusion model → family.
+FAMILY_BY_CLASS = {
+    "UNetModel": "unet", "Flux": "flux", "Chroma": "flux", "HunyuanVideo": "flux",
+    "WanModel": "wan", "VaceWanModel": "wan", "CameraWanModel": "wan", "WanModel_S2V": "wan",
+    "HumoWanModel": "wan", "AnimateWanModel": "wan",
+    "MMDiT": "mmdit", "OpenAISignatureMMDITWrapper": "mmdit",
+    "QwenImageTransformer2DModel": "qwen_image", "LTXVModel": "ltxv", "NextDiT": "lumina",
+}
+PRESETS = ("auto", "auto_fp8_modulation", "none")
+
+
+def detect_family(module: torch.nn.Module) -> str:
+    """Architecture family of a diffusion model from its class name (see ``FAMILY_BY_CLASS``);
+    ``"generic"`` when unknown."""
+    for cls in type(module).__mro__:
+        if cls.__name__ in FAMILY_BY_CLASS:
+            return FAMILY_BY_CLASS[cls.__name__]
+    return "generic"
+
+
+def default_skip_patterns(family: str, preset: str = "auto") -> list[tuple[str, str]]:
+    """(pattern, category) pairs kept in the compute dtype for ``family`` under ``preset``.
+
+    ``auto``: norms, embeddings, modulation and in/out projections. ``auto_fp8_modulation``:
+    the same without the modulation layers (on Flux they are ~27 % of the weights: float8
+    there brings weight memory from ~0.64× to ~0.51× bf16). ``none``: nothing. Raises
+    ValueError for an unknown family or preset.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown skip preset {preset!r}; expected one of {PRESETS}")
+    if family not in FAMILY_SKIPS:
+        raise ValueError(f"unknown architecture family {family!r}; expected one of {sorted(FAMILY_SKIPS)}")
+    if preset == "none":
+        return []
+    pats = list(COMMON_SKIPS) + list(FAMILY_SKIPS[family])
+    if preset == "auto_fp8_modulation":
+        pats = [(p, c) for p, c in pats if c != "modulation"]
+    return pats
+
+
+def parse_patterns(text: str) -> list[str]:
+    """Regex patterns from free text: one per line or comma-separated; blank lines and lines
+    starting with ``#`` are ignored. Raises ValueError naming the first invalid pattern."""
+    out = []
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        for pat in (p.strip() for p in line.split(",")):
+            if not pat:
+                continue
+            try:
+                re.compile(pat)
+            except re.error as e:
+                raise ValueError(f"invalid skip pattern {pat!r}: {e} (patterns are Python regular "
+                                 "expressions searched in module names, e.g. 'double_blocks\\.0\\.')") from None
+            out.append(pat)
+    return out
+
+
+@dataclass
+class LayerPlan:
+    """Which layers are cast. ``cast``: module names to store in float8; ``kept``: name →
+    reason (the matching skip pattern, or why the layer cannot be cast)."""
+
+    cast: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
+
+
+def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str, str]],
+                get_module: Callable[[str, torch.nn.Module], torch.nn.Module] | None = None) -> LayerPlan:
+    """Split the Linear/Conv1d/2d/3d layers of ``module`` into cast and kept.
+
+    A layer is kept when a pattern (``re.search`` on its dotted name) matches, when its weight
+    is not float32/float16/bfloat16 (already quantised, e.g. core's fp8 weight dtype), or when
+    it holds parameters/buffers other than ``weight``/``bias`` (e.g. core's scaled-fp8 ops).
+    ``get_module(name, module)`` may map a module found in the tree to the one to inspect
+    (ComfyUI: the original behind an object patch).
+    """
+    pats = [(p, p) if isinstance(p, str) else (p[0], f"{p[0]} ({p[1]})") for p in skip_patterns]
+    compiled = [(re.compile(p), why) for p, why in pats]
+    plan = LayerPlan()
+    for name, m in module.named_modules():
+        if get_module is not None:
+            m = get_module(name, m)
+        if not isinstance(m, CASTABLE_TYPES) or not name:
+            continue
+        why = next((w for rx, w in compiled if rx.search(name)), None)
+        if why is None:
+            extra = [k for k in list(m._parameters) + list(m._buffers)
+                     if k not in ("weight", "bias") and getattr(m, k, None) is not None]
+            w = getattr(m, "weight", None)
+            if extra:
+                why = f"holds {extra} (already a quantised/scaled layer)"
+            elif not isinstance(w, torch.Tensor) or type(w.data) is not torch.Tensor:
+                why = "weight is not a plain tensor"
+            elif w.dtype not in HIGH_PRECISION:
+                why = f"weight already {str(w.dtype).replace('torch.', '')}"
+        if why is None:
+            plan.cast.append(name)
+        else:
+            plan.kept[name] = why
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantisation
+# ---------------------------------------------------------------------------------------------
+def _check_storage(storage_dtype: torch.dtype) -> float:
+    if storage_dtype not in FP8_MAX:
+        raise ValueError(f"storage dtype must be one of {list(STORAGE_DTYPES)}, got {storage_dtype}")
+    return FP8_MAX[storage_dtype]
+
+
+def compute_scale(weight: torch.Tensor, storage_dtype: torch.dtype, scaling: str) -> torch.Tensor | None:
+    """Scale s with weight ≈ s · q, q the float8 value: ``None`` for ``none``; a 0-d float32
+    tensor ``amax/fmax`` for ``per-tensor``; shape (out, 1, ...) (weight.ndim dims) for
+    ``per-output-channel`` (dim 0 = output channels of Linear/Conv). fmax is the largest
+    finite float8 value (448 for e4m3fn, 57344 for e5m2), so the largest |w| maps to it and
+    small weights move out of the subnormal range. An all-zero tensor/row gets scale 1."""
+    fmax = _check_storage(storage_dtype)
+    if scaling == "none":
+        return None
+    w = weight.detach()
+    if scaling == "per-tensor":
+        amax = w.abs().max().float()
+    elif scaling == "per-output-channel":
+        amax = w.abs().reshape(w.shape[0], -1).amax(dim=1).float().reshape((-1,) + (1,) * (w.ndim - 1))
+    else:
+        raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
+    return torch.where(amax > 0, amax / fmax, torch.ones_like(amax))
+
+
+def quantize_with_scale(weight: torch.Tensor, storage_dtype: torch.dtype, scale: torch.Tensor | None,
+                        rows_per_chunk: int = 4096) -> torch.Tensor:
+    """float8 tensor q = round(clamp(weight / scale, ±fmax)) (round to nearest even), same
+    shape and device as ``weight``. Worked in float32 over ``rows_per_chunk`` rows at a time
+    (a few MiB of scratch per chunk). Values beyond ±fmax saturate instead of becoming NaN."""
+    fmax = _check_storage(storage_dtype)
+    out = torch.empty(weight.shape, dtype=storage_dtype, device=weight.device)
+    if weight.numel() == 0:
+        return out
+    s = None if scale is None else scale.detach().to(device=weight.device, dtype=torch.float32)
+    weight = weight.detach()
+    for i in range(0, weight.shape[0], rows_per_chunk):
+        w = weight[i:i + rows_per_chunk].to(torch.float32, copy=True)
+        if s is not None:
+            w.div_(s if s.ndim == 0 else s[i:i + rows_per_chunk])
+        out[i:i + rows_per_chunk] = w.clamp_(-fmax, fmax).to(storage_dtype)
+    return out
+
+
+def quantize_weight(weight: torch.Tensor, storage_dtype: torch.dtype, scaling: str = "per-tensor",
+                    work_device: torch.device | str | None = None,
+                    out_device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Quantise one weight to float8: returns ``(q, scale)`` (see :func:`compute_scale`).
+
+    ``work_device``: where the arithmetic runs (e.g. the GPU, much faster than the CPU for
+    large models; default the weight's device); ``out_device``: where q and scale are put
+    (default the weight's device). ``weight`` is not modified.
+    """
+    src_device = weight.device
+    w = weight.detach()
+    if work_device is not None:
+        w = w.to(work_device)
+    scale = compute_scale(w, storage_dtype, scaling)
+    q = quantize_with_scale(w, storage_dtype, scale)
+    dest = torch.device(out_device) if out_device is not None else src_device
+    if q.device != dest:
+        q = q.to(dest)
+        scale = None if scale is None else scale.to(dest)
+    return q, scale
+
+
+def dequantize_weight(q: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``q`` (float8, or its values already cast to a float dtype) times ``scale``, in ``dtype``."""
+    w = q.to(dtype)
+    return w if scale is None else w * scale.to(device=w.device, dtype=dtype)
+
+
+def scale_weight(weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """Storage-domain weight already in the compute dtype → real weight (multiplied by scale)."""
+    if scale is None:
+        return weight
+    return weight * scale.to(device=weight.device, dtype=weight.dtype)
+
+
+def scaled_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` with a float8 weight's scale folded in where it is cheapest.
+
+    ``weight``: storage-domain values in the compute dtype, shape (out, in); ``scale``: None,
+    0-d or (out, 1). In bf16/fp32 the scale multiplies whichever of input / output / weight
+    is smallest (as ComfyUI's scaled-fp8 op does), so the per-forward overhead is one small
+    elementwise multiply. In fp16 it always multiplies the weight: storage-domain values reach
+    448 (e4m3) or 57344 (e5m2), so an unscaled matmul would overflow fp16's 65504, and an
+    input multiplied by a tiny e5m2 scale would fall into fp16's subnormals. Exact up to the
+    rounding of that multiply in the compute dtype.
+    """
+    if scale is None:
+        return F.linear(x, weight, bias)
+    s = scale.to(device=weight.device, dtype=weight.dtype)
+    if weight.dtype == torch.float16:
+        return F.linear(x, weight * s, bias)
+    if s.ndim == 0:
+        if x.numel() < weight.numel():
+            return F.linear(x * s, weight, bias)
+        return F.linear(x, weight * s, bias)
+    rows = x.numel() // max(1, x.shape[-1])
+    if rows * weight.shape[0] < weight.numel():  # output smaller than weight: scale the output
+        y = F.linear(x, weight) * s.reshape(-1)
+        return y if bias is None else y + bias
+    return F.linear(x, weight * s, bias)
+
+
+def param_bytes(t: torch.Tensor | None) -> int:
+    """Bytes held by a tensor (numel × element size); 0 for None."""
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain-module API (benchmarks, any nn.Module)
+# ---------------------------------------------------------------------------------------------
+class Fp8Layer(torch.nn.Module):
+    """A Linear/Conv whose weight is stored in float8 and cast to ``compute_dtype`` per forward.
+
+    Built from an existing layer (the original is not changed; its bias tensor is shared).
+    Inputs are cast to the compute dtype; the output stays in it.
+    """
+
+    def __init__(self, layer: torch.nn.Module, q: torch.Tensor, scale: torch.Tensor | None,
+                 compute_dtype: torch.dtype):
+        super().__init__()
+        self.weight = torch.nn.Parameter(q, requires_grad=False)
+        self.bias = layer.bias
+        self.register_buffer("scale_weight", scale, persistent=False)
+        self.compute_dtype = compute_dtype
+        self._conv = layer._conv_forward if isinstance(layer, torch.nn.modules.conv._ConvNd) else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.compute_dtype)
+        w = self.weight.to(self.compute_dtype)
+        b = None if self.bias is None else self.bias.to(self.compute_dtype)
+        if self._conv is None:
+            return scaled_linear(x, w, self.scale_weight, b)
+        return self._conv(x, scale_weight(w, self.scale_weight), b)
+
+
+@dataclass
+class Fp8Handle:
+    """Result of :func:`apply_fp8_layerwise`: the plan, byte counts and ``restore()``."""
+
+    module: torch.nn.Module
+    plan: LayerPlan
+    originals: dict[str, torch.nn.Module]
+    bytes_before: int
+    bytes_after: int
+
+    def restore(self) -> None:
+        """Put every original layer back (idempotent)."""
+        for name, layer in self.originals.items():
+            _set_submodule(self.module, name, layer)
+        self.originals = {}
+
+
+def _set_submodule(root: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    setattr(parent, child, new)
+
+
+def weight_bytes(module: torch.nn.Module) -> int:
+    """Bytes of every parameter and persistent buffer of ``module`` (its state dict)."""
+    return sum(param_bytes(t) for t in module.state_dict().values())
+
+
+def apply_fp8_layerwise(module: torch.nn.Module, storage_dtype: torch.dtype = torch.float8_e4m3fn,
+                        compute_dtype: torch.dtype = torch.bfloat16, scaling: str = "per-tensor",
+                        skip_patterns: Iterable[str | tuple[str, str]] | None = None,
+                        work_device: torch.device | str | None = None) -> Fp8Handle:
+    """Replace the eligible layers of a plain module by :class:`Fp8Layer` (float8 storage).
+
+    ``skip_patterns`` default: :func:`default_skip_patterns` for the module's family. Returns
+    an :class:`Fp8Handle` (``restore()`` undoes it). The float8 tensors are put on each
+    layer's current device. For a benchmark: build the model, call this, run forwards with
+    inputs in ``compute_dtype``; compare weight bytes (``handle.bytes_after``) and time with
+    the untouched model.
+    """
+    if skip_patterns is None:
+        skip_patterns = default_skip_patterns(detect_family(module))
+    plan = plan_layers(module, skip_patterns)
+    before = weight_bytes(module)
+    originals = {}
+    for name in plan.cast:
+        layer = module.get_submodule(name)
+        q, s = quantize_weight(layer.weight, storage_dtype, scaling, work_device=work_device)
+        originals[name] = layer
+        _set_submodule(module, name, Fp8Layer(layer, q, s, compute_dtype))
+    return Fp8Handle(module, plan, originals, before, weight_bytes(module))
+
+
+def check_dtypes(device: torch.device | str, storage_dtype: torch.dtype, compute_dtype: torch.dtype) -> None:
+    """Raise ValueError (naming device and dtypes) unless ``device`` can hold ``storage_dtype``
+    tensors, cast them to ``compute_dtype`` and run a Linear in it. Runs a tiny probe on the
+    device (a 4×8 weight) rather than trusting a table: support differs by backend (MPS has
+    no float8; old GPUs emulate bf16)."""
+    try:
+        w = torch.ones((4, 8), dtype=torch.float32, device=device).to(storage_dtype)
+        x = torch.ones((2, 8), dtype=compute_dtype, device=device)
+        y = F.linear(x, w.to(compute_dtype))
+        if not bool(torch.isfinite(y).all()) or float(y[0, 0]) != 8.0:
+            raise RuntimeError("probe returned wrong values")
+    except Exception as e:  # the backend's own message says what is missing
+        raise ValueError(f"device {device} cannot store {str(storage_dtype).replace('torch.', '')} weights and "
+                         f"compute in {str(compute_dtype).replace('torch.', '')}: {e}. Choose another "
+                         "compute_dtype (float32 works everywhere) or run this model on another device.") from None
