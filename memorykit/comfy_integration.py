@@ -96,10 +96,10 @@ class _Fp8CastOp:
         (core's per-forward lowvram patch, weight already on the compute device) dequantise
         the given values: no extra host→device transfer per step.
         """
-        source = self._mk_source[0]
+        original = self._mk_original[0]  # out of the tree while this layer is in it: holds the unpatched weight
         with _torch.no_grad():
-            if inplace and source is not None:  # copy: the caller patches it in place, never the original
-                return source.detach().to(device=weight.device, dtype=weight.dtype, copy=True)
+            if inplace and original is not None:  # a copy: the caller patches it in place
+                return original.weight.detach().to(device=weight.device, dtype=weight.dtype, copy=True)
             return _fp8.dequantize_weight(weight.detach(), self.scale_weight, weight.dtype)
 
     def set_weight(self, weight, inplace_update=False, seed=None, return_weight=False, **kwargs):
@@ -123,9 +123,10 @@ def _fp8_class(cls: type) -> type:
     return _FP8_CLASSES[cls]
 
 
-def _fp8_layer(orig: _torch.nn.Module, q: _torch.Tensor, scale, bias, source_weight) -> _torch.nn.Module:
+def _fp8_layer(orig: _torch.nn.Module, q: _torch.Tensor, scale, bias) -> _torch.nn.Module:
     """New cast-op module like ``orig`` (same class + :class:`_Fp8CastOp`, same config) holding
-    float8 ``q``, ``scale`` (non-persistent buffer ``scale_weight``) and ``bias`` (a copy)."""
+    float8 ``q``, ``scale`` (non-persistent buffer ``scale_weight``) and ``bias`` (a copy).
+    Keeps a reference to ``orig`` (read by ``convert_weight``, never written)."""
     cls = _fp8_class(type(orig))
     new = cls.__new__(cls)
     _torch.nn.Module.__init__(new)
@@ -140,7 +141,7 @@ def _fp8_layer(orig: _torch.nn.Module, q: _torch.Tensor, scale, bias, source_wei
     else:
         new.bias = _torch.nn.Parameter(bias, requires_grad=False)
     new.register_buffer("scale_weight", scale, persistent=False)
-    new._mk_source = (source_weight,)  # the original weight, read by convert_weight (never written)
+    new._mk_original = (orig,)  # a tuple: not registered as a submodule
     return new
 
 
@@ -230,7 +231,7 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
         q, s = _fp8.quantize_weight(w, storage, scaling, work_device=work, out_device=n.offload_device)
         b = unpatched("bias")
         b = None if b is None else b.detach().to(n.offload_device, copy=True)
-        n.add_object_patch(key, _fp8_layer(orig, q, s, b, w))
+        n.add_object_patch(key, _fp8_layer(orig, q, s, b))
         saved += _fp8.param_bytes(w) - _fp8.param_bytes(q)
         cast_params += w.numel()
         pbar.update(1)

@@ -58,8 +58,20 @@ def wan21_t2v() -> dict:
     }
 
 
+def fp8_sd15() -> dict:
+    """SD1.5 text-to-image with the UNet stored in float8 (FP8 Layerwise Cast before the sampler)."""
+    p = sd15_txt2img()
+    p["10"] = {"class_type": "MemoryKitFp8LayerwiseCast",
+               "inputs": {"model": ["1", 0], "storage_dtype": "float8_e4m3fn", "compute_dtype": "auto",
+                          "scaling": "per-tensor", "skip_preset": "auto", "extra_skip_patterns": ""}}
+    p["5"]["inputs"]["model"] = ["10", 0]
+    p["9"]["inputs"]["filename_prefix"] = "MemoryKit/sd15_fp8"
+    return p
+
+
 WORKFLOWS = {
     "memory_report_sd15": sd15_txt2img,
+    "fp8_layerwise_sd15": fp8_sd15,
     "memory_report_wan21_t2v": wan21_t2v,
 }
 
