@@ -80,6 +80,13 @@ class _Fp8CastOp:
 
     def forward_comfy_cast_weights(self, input, *args, **kwargs):
         import comfy.ops
+        if self._mk_fp8_matmul and isinstance(self, _torch.nn.Linear) and _fp8.fp8_matmul_supported(input, self.weight):
+            # Weight stays float8 (moved to the device; lowvram LoRA functions return float8 too).
+            weight, bias, offload_stream = comfy.ops.cast_bias_weight(self, input, dtype=self.weight.dtype,
+                                                                      bias_dtype=input.dtype, offloadable=True)
+            out = _fp8.fp8_linear(input, weight, self.scale_weight, bias)
+            comfy.ops.uncast_bias_weight(self, weight, bias, offload_stream)
+            return out
         weight, bias, offload_stream = comfy.ops.cast_bias_weight(self, input, offloadable=True)
         if isinstance(self, _torch.nn.Linear):
             out = _fp8.scaled_linear(input, weight, self.scale_weight, bias)
@@ -100,7 +107,8 @@ class _Fp8CastOp:
         with _torch.no_grad():
             if inplace and original is not None:  # a copy: the caller patches it in place
                 return original.weight.detach().to(device=weight.device, dtype=weight.dtype, copy=True)
-            return _fp8.dequantize_weight(weight.detach(), self.scale_weight, weight.dtype)
+            dtype = weight.dtype if weight.dtype in _fp8.HIGH_PRECISION else _torch.float32
+            return _fp8.dequantize_weight(weight.detach(), self.scale_weight, dtype)
 
     def set_weight(self, weight, inplace_update=False, seed=None, return_weight=False, **kwargs):
         """Real weight (float32, LoRA applied) → float8 with this layer's scale."""
@@ -123,7 +131,7 @@ def _fp8_class(cls: type) -> type:
     return _FP8_CLASSES[cls]
 
 
-def _fp8_layer(orig: _torch.nn.Module, q: _torch.Tensor, scale, bias) -> _torch.nn.Module:
+def _fp8_layer(orig: _torch.nn.Module, q: _torch.Tensor, scale, bias, fp8_matmul: bool = False) -> _torch.nn.Module:
     """New cast-op module like ``orig`` (same class + :class:`_Fp8CastOp`, same config) holding
     float8 ``q``, ``scale`` (non-persistent buffer ``scale_weight``) and ``bias`` (a copy).
     Keeps a reference to ``orig`` (read by ``convert_weight``, never written)."""
@@ -142,6 +150,7 @@ def _fp8_layer(orig: _torch.nn.Module, q: _torch.Tensor, scale, bias) -> _torch.
         new.bias = _torch.nn.Parameter(bias, requires_grad=False)
     new.register_buffer("scale_weight", scale, persistent=False)
     new._mk_original = (orig,)  # a tuple: not registered as a submodule
+    new._mk_fp8_matmul = fp8_matmul
     return new
 
 
@@ -157,14 +166,15 @@ def model_compute_dtype(model) -> _torch.dtype:
 
 def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtype: str = "auto",
                        scaling: str = "per-tensor", skip_preset: str = "auto",
-                       extra_skip_patterns: str = "") -> tuple[object, dict]:
+                       extra_skip_patterns: str = "", fp8_matmul: bool = False) -> tuple[object, dict]:
     """Clone of ``model`` whose diffusion-model layers are stored in float8 while loaded.
 
     ``storage_dtype``: ``float8_e4m3fn`` / ``float8_e5m2``; ``compute_dtype``: ``auto`` (what
     ComfyUI already computes this model in) / ``bfloat16`` / ``float16`` / ``float32``;
     ``scaling``: ``none`` / ``per-tensor`` / ``per-output-channel``; ``skip_preset`` and
     ``extra_skip_patterns``: see :func:`memorykit.fp8.default_skip_patterns` and
-    :func:`memorykit.fp8.parse_patterns`. Quantises every cast layer now (on the load device
+    :func:`memorykit.fp8.parse_patterns`; ``fp8_matmul``: Linear layers multiply on float8
+    tensor cores (:func:`memorykit.fp8.fp8_linear`; needs float8_e4m3fn). Quantises every cast layer now (on the load device
     when it is a GPU), keeps the results on the offload device with the clone.
 
     Returns ``(clone, info)``; ``info``: family, dtypes, scaling, patterns, ``weight_bytes_before``
@@ -195,6 +205,10 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
         raise ValueError(f"ComfyUI cannot use {storage_dtype} weights on {device} (e.g. Apple MPS and DirectML "
                          "have no float8); leave this model unquantised on this device.")
     _fp8.check_dtypes(device, storage, compute)
+    if fp8_matmul:
+        if storage != _torch.float8_e4m3fn:
+            raise ValueError("fp8_matmul needs storage_dtype float8_e4m3fn (float8 GEMMs take e4m3 weights).")
+        _fp8.check_fp8_matmul(device)
 
     n = model.clone()
     dm = n.model.diffusion_model
@@ -231,7 +245,7 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
         q, s = _fp8.quantize_weight(w, storage, scaling, work_device=work, out_device=n.offload_device)
         b = unpatched("bias")
         b = None if b is None else b.detach().to(n.offload_device, copy=True)
-        n.add_object_patch(key, _fp8_layer(orig, q, s, b))
+        n.add_object_patch(key, _fp8_layer(orig, q, s, b, fp8_matmul))
         saved += _fp8.param_bytes(w) - _fp8.param_bytes(q)
         cast_params += w.numel()
         pbar.update(1)
@@ -242,7 +256,7 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
     n.size = size_before - saved    # what load_models_gpu budgets for this model
     info = {
         "family": family, "storage_dtype": storage_dtype, "compute_dtype": _dtype_name(compute),
-        "scaling": scaling, "skip_preset": skip_preset,
+        "scaling": scaling, "skip_preset": skip_preset, "fp8_matmul": bool(fp8_matmul),
         "skip_patterns": [p if isinstance(p, str) else p[0] for p in patterns],
         "weight_bytes_before": int(size_before), "weight_bytes_after": int(n.size),
         "cast_layers": len(plan.cast), "cast_params": int(cast_params),
@@ -257,7 +271,8 @@ def format_fp8_info(info: dict, max_kept: int = 12) -> str:
     from .memory import gib
     before, after = info["weight_bytes_before"], info["weight_bytes_after"]
     lines = [f"FP8 Layerwise Cast ({info['family']}): {info['storage_dtype']} storage, "
-             f"{info['compute_dtype']} compute, scaling {info['scaling']}",
+             f"{info['compute_dtype']} compute{' (float8 matmul)' if info.get('fp8_matmul') else ''}, "
+             f"scaling {info['scaling']}",
              f"weights {gib(before)} GiB -> {gib(after)} GiB ({after / max(1, before):.2f}x); "
              f"{info['cast_layers']} layers cast, {len(info['kept_layers'])} kept:"]
     for k in info["kept_layers"][:max_kept]:

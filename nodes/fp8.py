@@ -30,6 +30,11 @@ class Fp8LayerwiseCast(io.ComfyNode):
                                tooltip="Dtype each layer computes in after casting its weight up. auto: what "
                                "ComfyUI already uses for this model. A dtype the device cannot compute in is "
                                "refused with an error."),
+                io.Boolean.Input("fp8_matmul", default=False,
+                                 tooltip="Multiply Linear layers on float8 tensor cores (NVIDIA compute "
+                                 "capability 8.9+: RTX 40xx, L4/L40, H100/H200) instead of casting weights "
+                                 "up: faster, slightly less precise (activations are rounded to float8 per "
+                                 "token). Needs float8_e4m3fn; refused with an error on other GPUs."),
                 io.Combo.Input("scaling", options=list(fp8.SCALINGS), default="per-tensor",
                                tooltip="Scale weights into float8's range before rounding, so small weights do "
                                "not fall into its coarse subnormal range. none: plain cast (like core's fp8 "
@@ -51,9 +56,10 @@ class Fp8LayerwiseCast(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, storage_dtype: str = "float8_e4m3fn", compute_dtype: str = "auto",
-                scaling: str = "per-tensor", skip_preset: str = "auto", extra_skip_patterns: str = "") -> io.NodeOutput:
+                fp8_matmul: bool = False, scaling: str = "per-tensor", skip_preset: str = "auto",
+                extra_skip_patterns: str = "") -> io.NodeOutput:
         out, info = comfy_integration.fp8_layerwise_cast(model, storage_dtype, compute_dtype, scaling,
-                                                         skip_preset, extra_skip_patterns)
+                                                         skip_preset, extra_skip_patterns, fp8_matmul)
         rep = report.build_report("FP8 Layerwise Cast", comfy_integration.loaded_models())
         rep["fp8"] = info
         return io.NodeOutput(out, ui={"memorykit_report": [rep], "text": [comfy_integration.format_fp8_info(info)]})

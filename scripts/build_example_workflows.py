@@ -63,7 +63,7 @@ def fp8_sd15() -> dict:
     p = sd15_txt2img()
     p["10"] = {"class_type": "MemoryKitFp8LayerwiseCast",
                "inputs": {"model": ["1", 0], "storage_dtype": "float8_e4m3fn", "compute_dtype": "auto",
-                          "scaling": "per-tensor", "skip_preset": "auto", "extra_skip_patterns": ""}}
+                          "fp8_matmul": False, "scaling": "per-tensor", "skip_preset": "auto", "extra_skip_patterns": ""}}
     p["5"]["inputs"]["model"] = ["10", 0]
     p["9"]["inputs"]["filename_prefix"] = "MemoryKit/sd15_fp8"
     return p

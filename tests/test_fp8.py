@@ -41,9 +41,10 @@ def load_and_forward(patcher, *args, **kwargs) -> torch.Tensor:
         return patcher.model.apply_model(*args, **kwargs).float()
 
 
-def cast(ci, model, storage="float8_e4m3fn", compute="auto", scaling="per-tensor", preset="auto", extra=""):
+def cast(ci, model, storage="float8_e4m3fn", compute="auto", scaling="per-tensor", preset="auto", extra="",
+         fp8_matmul=False):
     with torch.inference_mode():
-        return ci.fp8_layerwise_cast(model, storage, compute, scaling, preset, extra)
+        return ci.fp8_layerwise_cast(model, storage, compute, scaling, preset, extra, fp8_matmul)
 
 
 def fingerprint(module: torch.nn.Module) -> dict:
@@ -52,19 +53,41 @@ def fingerprint(module: torch.nn.Module) -> dict:
             for name, m in module.named_modules() for pname, p in m.named_parameters(recurse=False)}
 
 
+def read_tensors(file):
+    """Yield (key, tensor) from a safetensors file with plain reads, one tensor at a time (no
+    mmap: a 2 GB file would otherwise stay in this process's resident set)."""
+    import json
+    import struct
+    dtypes = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+    with open(file, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        for key, meta in header.items():
+            start, end = meta["data_offsets"]
+            f.seek(8 + n + start)
+            data = bytearray(f.read(end - start))
+            if meta["dtype"] in dtypes:
+                yield key, torch.frombuffer(data, dtype=dtypes[meta["dtype"]]).reshape(meta["shape"])
+
+
 def assert_unchanged(before: dict, module: torch.nn.Module, file, prefix: str = "", same_params: bool = True) -> None:
     """The shared module holds the same module (and parameter) objects as ``before`` and every
     parameter still equals, bit for bit, the tensor in the model ``file`` it was loaded from.
     ``same_params=False`` where core's LoRA patched the shared module: its unpatch puts the
     restored tensor back in a new Parameter object."""
-    from safetensors import safe_open
     after = fingerprint(module)
     assert after.keys() == before.keys()
-    with safe_open(str(file), framework="pt") as f:
-        for k, (m, p, dtype) in before.items():
-            m2, p2, dtype2 = after[k]
-            assert m2 is m and (p2 is p or not same_params) and dtype2 == dtype, f"{k}: the shared module was changed"
-            assert torch.equal(p.detach(), f.get_tensor(prefix + k).to(dtype)), f"{k}: weight values changed"
+    for k, (m, p, dtype) in before.items():
+        m2, p2, dtype2 = after[k]
+        assert m2 is m and (p2 is p or not same_params) and dtype2 == dtype, f"{k}: the shared module was changed"
+    seen = set()
+    for key, t in read_tensors(file):
+        k = key[len(prefix):]
+        if key.startswith(prefix) and k in after:
+            assert torch.equal(after[k][1].detach(), t.to(after[k][2])), f"{k}: weight values changed"
+            seen.add(k)
+    assert seen == set(after), set(after) - seen
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,20 +201,30 @@ def flux(comfy, fixture_models):
     args = (torch.randn(1, 16, 16, 16, generator=gen), torch.tensor([0.6]))  # 128² image latent, sigma
     kwargs = dict(c_crossattn=torch.randn(1, 16, 4096, generator=gen), y=torch.randn(1, 768, generator=gen),
                   guidance=torch.tensor([3.5]))
-    yield patcher, args, kwargs, load_and_forward(patcher, *args, **kwargs)
+    yield patcher, args, kwargs, load_and_forward(patcher, *args, **kwargs), {}
     import comfy.model_management as mm
     mm.unload_all_models()
 
 
+def flux_error(ci, flux, check=None, **options) -> tuple[float, dict]:
+    """Relative L2 error of one forward of the Flux fixture cast with ``options`` vs fp32
+    (memoised per options; ``check(model, info)`` runs while the cast model is loaded)."""
+    plain, args, kwargs, ref, cache = flux
+    key = tuple(sorted(options.items()))
+    if key not in cache or check is not None:
+        model, info = cast(ci, plain, **options)
+        cache[key] = (rel(load_and_forward(model, *args, **kwargs), ref), info)
+        if check is not None:
+            check(model, info)
+    return cache[key]
+
+
 def test_flux_error_bytes_and_input_unchanged(ci, fp8, flux, fixture_models):
-    plain, args, kwargs, ref = flux
+    plain, args, kwargs, ref, _ = flux
     dm = plain.model.diffusion_model
     before = fingerprint(dm)
-    errs = {}
-    for scaling in fp8.SCALINGS:
-        model, info = cast(ci, plain, scaling=scaling)
-        out = load_and_forward(model, *args, **kwargs)
-        errs[scaling] = rel(out, ref)
+
+    def check(model, info):
         # While loaded: kept layers are the original modules and tensors (bit-identical);
         # cast layers hold real float8 tensors, 1 byte per parameter.
         kept = {k["name"] for k in info["kept_layers"]}
@@ -205,24 +238,30 @@ def test_flux_error_bytes_and_input_unchanged(ci, fp8, flux, fixture_models):
                 n_fp8 += m.weight.numel() * m.weight.element_size()
         assert n_fp8 == info["cast_params"] and info["cast_layers"] == 10
         assert info["weight_bytes_after"] == model.model_size() < info["weight_bytes_before"]
-        del model
-    print(f"\nFlux 1+1 e4m3 relative L2 error vs fp32: {errs}")
+
+    errs = {scaling: flux_error(ci, flux, check, scaling=scaling)[0] for scaling in fp8.SCALINGS}
+    print(f"\nFlux 1+1 e4m3, default skips, relative L2 error vs fp32: {errs}")
     assert errs["none"] <= 0.20
     assert errs["per-tensor"] < errs["none"] and errs["per-output-channel"] < errs["none"], errs
     # The input MODEL afterwards: same modules, same tensors, same values, same output.
-    again = load_and_forward(plain, *args, **kwargs)
-    assert torch.equal(again, ref)
+    assert torch.equal(load_and_forward(plain, *args, **kwargs), ref)
     assert_unchanged(before, dm, fixture_models["flux"])
 
 
-def test_flux_e5m2_and_lean_preset(ci, flux):
-    plain, args, kwargs, ref = flux
-    lean, info = cast(ci, plain, storage="float8_e5m2", preset="auto_fp8_modulation")
-    err = rel(load_and_forward(lean, *args, **kwargs), ref)
-    print(f"\nFlux e5m2 per-tensor, modulation in fp8: error {err:.4f}, "
-          f"weights {info['weight_bytes_after'] / info['weight_bytes_before']:.3f}x of fp32")
-    assert err <= 0.20
-    assert {k["name"] for k in info["kept_layers"]}.isdisjoint(
+def test_flux_scaled_vs_core_like_and_fp8_matmul(ci, flux):
+    """Side by side: core's whole-model unscaled cast (every layer, no scale) vs this node's
+    defaults, with and without float8 matmul, and e5m2 with modulation in float8."""
+    core_like, _ = flux_error(ci, flux, scaling="none", preset="none")
+    default, _ = flux_error(ci, flux, scaling="per-tensor")
+    matmul, info = flux_error(ci, flux, scaling="per-tensor", fp8_matmul=True)
+    lean, lean_info = flux_error(ci, flux, storage="float8_e5m2", preset="auto_fp8_modulation")
+    print(f"\nFlux: core-like {core_like:.4f}, default {default:.4f} ({default / core_like:.2f}x), "
+          f"fp8 matmul {matmul:.4f} ({matmul / core_like:.2f}x), e5m2 + fp8 modulation {lean:.4f} "
+          f"(weights {lean_info['weight_bytes_after'] / lean_info['weight_bytes_before']:.3f}x of fp32)")
+    assert default <= 0.6 * core_like      # the issue's quality target, on the CPU fixture
+    assert matmul <= 0.6 * core_like and info["fp8_matmul"]
+    assert lean <= 0.20
+    assert {k["name"] for k in lean_info["kept_layers"]}.isdisjoint(
         {"double_blocks.0.img_mod.lin", "single_blocks.0.modulation.lin"})
 
 
@@ -253,10 +292,12 @@ def test_wan_all_pairs_of_options(ci, fp8, comfy, fixture_models):
     before = fingerprint(plain.model.diffusion_model)
     ref = load_and_forward(plain, *args, **kwargs)
     rows = pairwise({"storage": list(fp8.STORAGE_DTYPES), "compute": ["auto"] + list(fp8.COMPUTE_DTYPES),
-                     "scaling": list(fp8.SCALINGS), "preset": list(fp8.PRESETS)})
+                     "scaling": list(fp8.SCALINGS), "preset": list(fp8.PRESETS), "fp8_matmul": [False, True]})
+    rows = [r for r in rows if not (r["fp8_matmul"] and r["storage"] == "float8_e5m2")]  # refused: tested below
     assert len(rows) <= 16
     for row in rows:
-        model, info = cast(ci, plain, row["storage"], row["compute"], row["scaling"], row["preset"])
+        model, info = cast(ci, plain, row["storage"], row["compute"], row["scaling"], row["preset"], "",
+                           row["fp8_matmul"])
         out = load_and_forward(model, *args, **kwargs)
         assert torch.isfinite(out).all(), row
         assert rel(out, ref) < 0.05, (row, rel(out, ref))
@@ -278,6 +319,8 @@ def test_errors_say_what_to_fix(ci, fp8, comfy, fixture_models):
     model, _ = cast(ci, plain)
     with pytest.raises(ValueError, match="already went through FP8 Layerwise Cast"):
         cast(ci, model)
+    with pytest.raises(ValueError, match="fp8_matmul needs storage_dtype float8_e4m3fn"):
+        cast(ci, plain, storage="float8_e5m2", fp8_matmul=True)
     with pytest.raises(ValueError, match="scaling must be one of"):
         cast(ci, plain, scaling="per-row")
     with pytest.raises(ValueError, match="device meta cannot store float8_e4m3fn weights and compute in float16"):

@@ -29,7 +29,7 @@ def _base() -> dict:
 
 
 def _fp8(model, **kw) -> dict:
-    inputs = {"model": model, "storage_dtype": "float8_e4m3fn", "compute_dtype": "auto", "scaling": "per-tensor",
+    inputs = {"model": model, "storage_dtype": "float8_e4m3fn", "compute_dtype": "auto", "fp8_matmul": False, "scaling": "per-tensor",
               "skip_preset": "auto", "extra_skip_patterns": ""}
     inputs.update(kw)
     return {"class_type": "MemoryKitFp8LayerwiseCast", "inputs": inputs}
