@@ -5,7 +5,8 @@ Plain torch; knows nothing of ComfyUI and works on any ``torch.nn.Module``. Piec
 - :func:`quantize_weight` / :func:`quantize_with_scale` / :func:`dequantize_weight`: one
   weight ⇄ float8 storage with an optional scale (none, per-tensor, per-output-channel).
 - :func:`plan_layers`: which layers of a module are cast and which are kept (regex skip
-  patterns on module names, :func:`default_skip_patterns` per architecture family).
+  patterns on module names, :func:`default_skip_patterns` per architecture family; defined
+  in ``fp8_patterns`` and re-exported here).
 - :func:`scaled_linear` / :func:`scale_weight`: the compute side (storage → compute dtype,
   scale applied), shared by the plain-torch layers here and the ComfyUI op layers in
   ``comfy_integration``.
@@ -28,9 +29,8 @@ Units: bytes everywhere; scales are float32 tensors.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -40,175 +40,10 @@ COMPUTE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32
 SCALINGS = ("none", "per-tensor", "per-output-channel")
 # Largest finite value of each float8 format (OCP FP8 spec; torch.finfo gives the same).
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
-CASTABLE_TYPES = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
-HIGH_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
 
-# ---------------------------------------------------------------------------------------------
-# Default skip patterns, in ComfyUI's module names (relative to ``model.diffusion_model``).
-# Each entry: (regex searched in the module name, category). Categories: "embedding",
-# "modulation", "in/out projection". Norm layers are not Linear/Conv in these models, so they
-# are never cast; the "norm" pattern catches the few Linear layers that live inside a norm
-# (e.g. Qwen-Image's ``norm_out.linear``, an AdaLN modulation).
-# ---------------------------------------------------------------------------------------------
-COMMON_SKIPS = (
-    (r"norm", "norm"),
-    (r"embed", "embedding"),
-    (r"(^|\.)pos_", "embedding"),
-)
-FAMILY_SKIPS: dict[str, tuple[tuple[str, str], ...]] = {
-    # SD1.x / SD2.x / SDXL UNet (comfy.ldm.modules.diffusionmodules.openaimodel.UNetModel)
-    "unet": (
-        (r"^time_embed\.", "embedding"), (r"^label_emb\.", "embedding"),
-        (r"\.emb_layers\.", "modulation"),
-        (r"^input_blocks\.0\.0$", "in/out projection"), (r"^out\.", "in/out projection"),
-    ),
-    # Flux / Flux-Kontext / Chroma / HunyuanVideo (comfy.ldm.flux, chroma, hunyuan_video)
-    "flux": (
-        (r"^(time_in|vector_in|guidance_in|distilled_guidance_layer)\.", "embedding"),
-        (r"(_mod\.|modulation)", "modulation"),
-        (r"^(img_in|txt_in)(\.|$)", "in/out projection"),
-        (r"^final_layer\.", "in/out projection"),
-    ),
-    # Wan 2.x (comfy.ldm.wan.model.WanModel and variants)
-    "wan": (
-        (r"^(text_embedding|time_embedding|img_emb)\.", "embedding"),
-        (r"^time_projection\.", "modulation"),
-        (r"^patch_embedding$", "in/out projection"), (r"^head\.", "in/out projection"),
-    ),
-    # SD3 / SD3.5 MMDiT (comfy.ldm.modules.diffusionmodules.mmdit)
-    "mmdit": (
-        (r"^(t_embedder|y_embedder|context_embedder|x_embedder)\.", "embedding"),
-        (r"adaLN_modulation", "modulation"),
-        (r"^final_layer\.", "in/out projection"),
-    ),
-    # Qwen-Image (comfy.ldm.qwen_image)
-    "qwen_image": (
-        (r"^time_text_embed\.", "embedding"),
-        (r"(img_mod|txt_mod)\.", "modulation"),
-        (r"^(img_in|txt_in|proj_out)$", "in/out projection"),
-    ),
-    # LTX-Video (comfy.ldm.lightricks)
-    "ltxv": (
-        (r"^(adaln_single|caption_projection)\.", "modulation"),
-        (r"^(patchify_proj|proj_out)$", "in/out projection"),
-    ),
-    # Lumina 2 / NextDiT (comfy.ldm.lumina)
-    "lumina": (
-        (r"^(t_embedder|cap_embedder|x_embedder)(\.|$)", "embedding"),
-        (r"adaLN_modulation", "modulation"),
-        (r"^final_layer\.", "in/out projection"),
-    ),
-    # Anything else: the usual names of input/output projections.
-    "generic": (
-        (r"^(img_in|txt_in|x_embedder|patch_embed|patch_embedding|proj_in|proj_out|conv_in|conv_out)(\.|$)",
-         "in/out projection"),
-        (r"^(final_layer|head|out)\.", "in/out projection"),
-        (r"(modulation|adaLN)", "modulation"),
-    ),
-}
-# Class name of the diffusion model → family.
-FAMILY_BY_CLASS = {
-    "UNetModel": "unet", "Flux": "flux", "Chroma": "flux", "HunyuanVideo": "flux",
-    "WanModel": "wan", "VaceWanModel": "wan", "CameraWanModel": "wan", "WanModel_S2V": "wan",
-    "HumoWanModel": "wan", "AnimateWanModel": "wan",
-    "MMDiT": "mmdit", "OpenAISignatureMMDITWrapper": "mmdit",
-    "QwenImageTransformer2DModel": "qwen_image", "LTXVModel": "ltxv", "NextDiT": "lumina",
-}
-PRESETS = ("auto", "auto_fp8_modulation", "none")
-
-
-def detect_family(module: torch.nn.Module) -> str:
-    """Architecture family of a diffusion model from its class name (see ``FAMILY_BY_CLASS``);
-    ``"generic"`` when unknown."""
-    for cls in type(module).__mro__:
-        if cls.__name__ in FAMILY_BY_CLASS:
-            return FAMILY_BY_CLASS[cls.__name__]
-    return "generic"
-
-
-def default_skip_patterns(family: str, preset: str = "auto") -> list[tuple[str, str]]:
-    """(pattern, category) pairs kept in the compute dtype for ``family`` under ``preset``.
-
-    ``auto``: norms, embeddings, modulation and in/out projections. ``auto_fp8_modulation``:
-    the same without the modulation layers (on Flux they are ~27 % of the weights: float8
-    there brings weight memory from ~0.64× to ~0.51× bf16). ``none``: nothing. Raises
-    ValueError for an unknown family or preset.
-    """
-    if preset not in PRESETS:
-        raise ValueError(f"unknown skip preset {preset!r}; expected one of {PRESETS}")
-    if family not in FAMILY_SKIPS:
-        raise ValueError(f"unknown architecture family {family!r}; expected one of {sorted(FAMILY_SKIPS)}")
-    if preset == "none":
-        return []
-    pats = list(COMMON_SKIPS) + list(FAMILY_SKIPS[family])
-    if preset == "auto_fp8_modulation":
-        pats = [(p, c) for p, c in pats if c != "modulation"]
-    return pats
-
-
-def parse_patterns(text: str) -> list[str]:
-    """Regex patterns from free text: one per line or comma-separated; blank lines and lines
-    starting with ``#`` are ignored. Raises ValueError naming the first invalid pattern."""
-    out = []
-    for line in (text or "").splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        for pat in (p.strip() for p in line.split(",")):
-            if not pat:
-                continue
-            try:
-                re.compile(pat)
-            except re.error as e:
-                raise ValueError(f"invalid skip pattern {pat!r}: {e} (patterns are Python regular "
-                                 "expressions searched in module names, e.g. 'double_blocks\\.0\\.')") from None
-            out.append(pat)
-    return out
-
-
-@dataclass
-class LayerPlan:
-    """Which layers are cast. ``cast``: module names to store in float8; ``kept``: name →
-    reason (the matching skip pattern, or why the layer cannot be cast)."""
-
-    cast: list[str] = field(default_factory=list)
-    kept: dict[str, str] = field(default_factory=dict)
-
-
-def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str, str]],
-                get_module: Callable[[str, torch.nn.Module], torch.nn.Module] | None = None) -> LayerPlan:
-    """Split the Linear/Conv1d/2d/3d layers of ``module`` into cast and kept.
-
-    A layer is kept when a pattern (``re.search`` on its dotted name) matches, when its weight
-    is not float32/float16/bfloat16 (already quantised, e.g. core's fp8 weight dtype), or when
-    it holds parameters/buffers other than ``weight``/``bias`` (e.g. core's scaled-fp8 ops).
-    ``get_module(name, module)`` may map a module found in the tree to the one to inspect
-    (ComfyUI: the original behind an object patch).
-    """
-    pats = [(p, p) if isinstance(p, str) else (p[0], f"{p[0]} ({p[1]})") for p in skip_patterns]
-    compiled = [(re.compile(p), why) for p, why in pats]
-    plan = LayerPlan()
-    for name, m in module.named_modules():
-        if get_module is not None:
-            m = get_module(name, m)
-        if not isinstance(m, CASTABLE_TYPES) or not name:
-            continue
-        why = next((w for rx, w in compiled if rx.search(name)), None)
-        if why is None:
-            extra = [k for k in list(m._parameters) + list(m._buffers)
-                     if k not in ("weight", "bias") and getattr(m, k, None) is not None]
-            w = getattr(m, "weight", None)
-            if extra:
-                why = f"holds {extra} (already a quantised/scaled layer)"
-            elif not isinstance(w, torch.Tensor) or type(w.data) is not torch.Tensor:
-                why = "weight is not a plain tensor"
-            elif w.dtype not in HIGH_PRECISION:
-                why = f"weight already {str(w.dtype).replace('torch.', '')}"
-        if why is None:
-            plan.cast.append(name)
-        else:
-            plan.kept[name] = why
-    return plan
+# Skip patterns and the layer plan live in fp8_patterns; re-exported here (one import for callers).
+from .fp8_patterns import (CASTABLE_TYPES, COMMON_SKIPS, FAMILY_BY_CLASS, FAMILY_SKIPS, HIGH_PRECISION,  # noqa: E402,F401
+                           PRESETS, LayerPlan, default_skip_patterns, detect_family, parse_patterns, plan_layers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,12 +145,14 @@ def scaled_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | N
     s = scale.to(device=weight.device, dtype=weight.dtype)
     if weight.dtype == torch.float16:
         return F.linear(x, weight * s, bias)
+    out_numel = x.numel() // max(1, x.shape[-1]) * weight.shape[0]
+    sizes = {"weight": weight.numel(), "output": out_numel}
     if s.ndim == 0:
-        if x.numel() < weight.numel():
-            return F.linear(x * s, weight, bias)
-        return F.linear(x, weight * s, bias)
-    rows = x.numel() // max(1, x.shape[-1])
-    if rows * weight.shape[0] < weight.numel():  # output smaller than weight: scale the output
+        sizes["input"] = x.numel()
+    where = min(sizes, key=sizes.get)
+    if where == "input":
+        return F.linear(x * s, weight, bias)
+    if where == "output":
         y = F.linear(x, weight) * s.reshape(-1)
         return y if bias is None else y + bias
     return F.linear(x, weight * s, bias)
@@ -390,12 +227,14 @@ class Fp8Layer(torch.nn.Module):
     """A Linear/Conv whose weight is stored in float8 and cast to ``compute_dtype`` per forward.
 
     Built from an existing layer (the original is not changed; its bias tensor is shared).
-    Inputs are cast to the compute dtype; the output stays in it.
+    Inputs are cast to the compute dtype; the output stays in it. ``fp8_matmul``: Linear
+    layers use :func:`fp8_linear` where :func:`fp8_matmul_supported` says it can run.
     """
 
     def __init__(self, layer: torch.nn.Module, q: torch.Tensor, scale: torch.Tensor | None,
-                 compute_dtype: torch.dtype):
+                 compute_dtype: torch.dtype, fp8_matmul: bool = False):
         super().__init__()
+        self.fp8_matmul = fp8_matmul
         self.weight = torch.nn.Parameter(q, requires_grad=False)
         self.bias = layer.bias
         self.register_buffer("scale_weight", scale, persistent=False)
@@ -404,6 +243,8 @@ class Fp8Layer(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.compute_dtype)
+        if self.fp8_matmul and self._conv is None and fp8_matmul_supported(x, self.weight):
+            return fp8_linear(x, self.weight, self.scale_weight, self.bias)
         w = self.weight.to(self.compute_dtype)
         b = None if self.bias is None else self.bias.to(self.compute_dtype)
         if self._conv is None:
@@ -442,14 +283,14 @@ def weight_bytes(module: torch.nn.Module) -> int:
 def apply_fp8_layerwise(module: torch.nn.Module, storage_dtype: torch.dtype = torch.float8_e4m3fn,
                         compute_dtype: torch.dtype = torch.bfloat16, scaling: str = "per-tensor",
                         skip_patterns: Iterable[str | tuple[str, str]] | None = None,
-                        work_device: torch.device | str | None = None) -> Fp8Handle:
+                        work_device: torch.device | str | None = None, fp8_matmul: bool = False) -> Fp8Handle:
     """Replace the eligible layers of a plain module by :class:`Fp8Layer` (float8 storage).
 
     ``skip_patterns`` default: :func:`default_skip_patterns` for the module's family. Returns
     an :class:`Fp8Handle` (``restore()`` undoes it). The float8 tensors are put on each
     layer's current device. For a benchmark: build the model, call this, run forwards with
     inputs in ``compute_dtype``; compare weight bytes (``handle.bytes_after``) and time with
-    the untouched model.
+    the untouched model. ``fp8_matmul``: see :class:`Fp8Layer`.
     """
     if skip_patterns is None:
         skip_patterns = default_skip_patterns(detect_family(module))
@@ -460,7 +301,7 @@ def apply_fp8_layerwise(module: torch.nn.Module, storage_dtype: torch.dtype = to
         layer = module.get_submodule(name)
         q, s = quantize_weight(layer.weight, storage_dtype, scaling, work_device=work_device)
         originals[name] = layer
-        _set_submodule(module, name, Fp8Layer(layer, q, s, compute_dtype))
+        _set_submodule(module, name, Fp8Layer(layer, q, s, compute_dtype, fp8_matmul))
     return Fp8Handle(module, plan, originals, before, weight_bytes(module))
 
 
