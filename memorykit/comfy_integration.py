@@ -48,6 +48,7 @@ def loaded_models() -> list[dict]:
 # the sum is stored in float8 once.
 # =============================================================================================
 import uuid as _uuid
+from typing import ClassVar
 
 import torch as _torch
 
@@ -69,8 +70,9 @@ class _Fp8CastOp:
     """
 
     comfy_cast_weights = True
-    weight_function: list = []
-    bias_function: list = []
+    # Class-level empty lists, as in comfy.ops.CastWeightBiasOp: ComfyUI assigns per-instance lists.
+    weight_function: ClassVar[list] = []
+    bias_function: ClassVar[list] = []
 
     def forward(self, *args, **kwargs):
         import comfy.ops
@@ -152,6 +154,13 @@ def _fp8_layer(orig: _torch.nn.Module, q: _torch.Tensor, scale, bias, fp8_matmul
     new._mk_original = (orig,)  # a tuple: not registered as a submodule
     new._mk_fp8_matmul = fp8_matmul
     return new
+
+
+def _unpatched(patcher, module, key: str, param: str, in_tree: bool):
+    """``module.<param>`` without any LoRA another loaded clone patched into the tree
+    (ModelPatcher keeps the original in its shared ``backup``)."""
+    bk = patcher.backup.get(f"{key}.{param}") if in_tree else None
+    return bk.weight if bk is not None else getattr(module, param)
 
 
 def _dtype_name(dtype) -> str:
@@ -238,14 +247,9 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
         key = prefix + name
         in_tree = key not in n.object_patches and key not in n.object_patches_backup
         orig = original(name, None) if not in_tree else comfy.utils.get_attr(n.model, key)
-
-        def unpatched(param):  # the weight without any LoRA another loaded clone patched in
-            bk = n.backup.get(f"{key}.{param}") if in_tree else None
-            return bk.weight if bk is not None else getattr(orig, param)
-
-        w = unpatched("weight")
+        w = _unpatched(n, orig, key, "weight", in_tree)
         q, s = _fp8.quantize_weight(w, storage, scaling, work_device=work, out_device=n.offload_device)
-        b = unpatched("bias")
+        b = _unpatched(n, orig, key, "bias", in_tree)
         b = None if b is None else b.detach().to(n.offload_device, copy=True)
         n.add_object_patch(key, _fp8_layer(orig, q, s, b, fp8_matmul))
         saved += _fp8.param_bytes(w) - _fp8.param_bytes(q)
@@ -272,11 +276,11 @@ def format_fp8_info(info: dict, max_kept: int = 12) -> str:
     """One-screen summary of :func:`fp8_layerwise_cast`'s info (sizes in GiB)."""
     from .memory import gib
     before, after = info["weight_bytes_before"], info["weight_bytes_after"]
-    lines = [f"FP8 Layerwise Cast ({info['family']}): {info['storage_dtype']} storage, "
-             f"{info['compute_dtype']} compute{' (float8 matmul)' if info.get('fp8_matmul') else ''}, "
-             f"scaling {info['scaling']}",
-             f"weights {gib(before)} GiB -> {gib(after)} GiB ({after / max(1, before):.2f}x); "
-             f"{info['cast_layers']} layers cast, {len(info['kept_layers'])} kept:"]
+    matmul = " (float8 matmul)" if info.get("fp8_matmul") else ""
+    lines = [(f"FP8 Layerwise Cast ({info['family']}): {info['storage_dtype']} storage, "
+              f"{info['compute_dtype']} compute{matmul}, scaling {info['scaling']}"),
+             (f"weights {gib(before)} GiB -> {gib(after)} GiB ({after / max(1, before):.2f}x); "
+              f"{info['cast_layers']} layers cast, {len(info['kept_layers'])} kept:")]
     for k in info["kept_layers"][:max_kept]:
         lines.append(f"  {k['name']}: {k['reason']}")
     if len(info["kept_layers"]) > max_kept:

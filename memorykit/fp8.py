@@ -29,8 +29,8 @@ Units: bytes everywhere; scales are float32 tensors.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -42,8 +42,19 @@ SCALINGS = ("none", "per-tensor", "per-output-channel")
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 
 # Skip patterns and the layer plan live in fp8_patterns; re-exported here (one import for callers).
-from .fp8_patterns import (CASTABLE_TYPES, COMMON_SKIPS, FAMILY_BY_CLASS, FAMILY_SKIPS, HIGH_PRECISION,  # noqa: E402,F401
-                           PRESETS, LayerPlan, default_skip_patterns, detect_family, parse_patterns, plan_layers)
+from .fp8_patterns import (  # noqa: F401
+    CASTABLE_TYPES,
+    COMMON_SKIPS,
+    FAMILY_BY_CLASS,
+    FAMILY_SKIPS,
+    HIGH_PRECISION,
+    PRESETS,
+    LayerPlan,
+    default_skip_patterns,
+    detect_family,
+    parse_patterns,
+    plan_layers,
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,7 +219,7 @@ def check_fp8_matmul(device: torch.device | str) -> None:
             y = fp8_linear(torch.ones((16, 16), device=dev, dtype=torch.bfloat16), w, None, None)
             if float(y[0, 0]) != 16.0:
                 reason = f"probe returned {float(y[0, 0])} instead of 16"
-        except Exception as e:  # torch's message names what is missing
+        except Exception as e:  # noqa: BLE001 - any backend failure means unusable; its message says why
             reason = str(e)
     if reason is not None:
         raise ValueError(f"fp8_matmul cannot run on {dev}: {reason}. Turn fp8_matmul off (weights stay "
@@ -316,7 +327,7 @@ def check_dtypes(device: torch.device | str, storage_dtype: torch.dtype, compute
         y = F.linear(x, w.to(compute_dtype))
         if not bool(torch.isfinite(y).all()) or float(y[0, 0]) != 8.0:
             raise RuntimeError("probe returned wrong values")
-    except Exception as e:  # the backend's own message says what is missing
+    except Exception as e:  # noqa: BLE001 - any backend failure means unusable; its message says why
         raise ValueError(f"device {device} cannot store {str(storage_dtype).replace('torch.', '')} weights and "
                          f"compute in {str(compute_dtype).replace('torch.', '')}: {e}. Choose another "
                          "compute_dtype (float32 works everywhere) or run this model on another device.") from None

@@ -8,8 +8,8 @@ use diffusers' names and miss most of these layers.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import torch
 

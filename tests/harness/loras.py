@@ -31,6 +31,7 @@ def make_sd15_lora(path: Path, seed: int = 4242, delta_std: float = 1e-3) -> Non
     import comfy.ops
     from comfy.ldm.modules.diffusionmodules.openaimodel import UNetModel
     from safetensors.torch import save_file
+
     from .models import sd15_unet_config
 
     with torch.device("meta"):
