@@ -80,6 +80,8 @@ def free_memory_sd15() -> dict:
     p["9"] = {"class_type": "VAEDecode", "inputs": {"samples": ["8", 0], "vae": ["1", 2]}}
     p["10"] = {"class_type": "SaveImage", "inputs": {"images": ["9", 0], "filename_prefix": "MemoryKit/free_memory"}}
     return p
+
+
 def sharded_sd15_txt2img() -> dict:
     """SD1.5 text-to-image at 256², 4 steps, with the UNet and the CLIP-L each loaded from
     safetensors shards + index (Sharded Checkpoint Loader / Sharded Text Encoder Loader)."""
@@ -100,8 +102,20 @@ def sharded_sd15_txt2img() -> dict:
     }
 
 
+def fp8_sd15() -> dict:
+    """SD1.5 text-to-image with the UNet stored in float8 (FP8 Layerwise Cast before the sampler)."""
+    p = sd15_txt2img()
+    p["10"] = {"class_type": "MemoryKitFp8LayerwiseCast",
+               "inputs": {"model": ["1", 0], "storage_dtype": "float8_e4m3fn", "compute_dtype": "auto",
+                          "fp8_matmul": False, "scaling": "per-tensor", "skip_preset": "auto", "extra_skip_patterns": ""}}
+    p["5"]["inputs"]["model"] = ["10", 0]
+    p["9"]["inputs"]["filename_prefix"] = "MemoryKit/sd15_fp8"
+    return p
+
+
 WORKFLOWS = {
     "memory_report_sd15": sd15_txt2img,
+    "fp8_layerwise_sd15": fp8_sd15,
     "memory_report_wan21_t2v": wan21_t2v,
     "balanced_device_map_wan21_t2v": wan21_device_map,
     "free_memory_sd15": free_memory_sd15,

@@ -11,7 +11,8 @@ from harness import paths
 # Every node the pack ships; a node missing from /object_info means the pack failed to load
 # (ComfyUI only logs a failed import, so this list is the check).
 EXPECTED_NODES = {"MemoryKitMemoryReport", "MemoryKitFreeMemory", "MemoryKitBalancedDeviceMap",
-                  "MemoryKitShardedCheckpointLoader", "MemoryKitShardedTextEncoderLoader", "MemoryKitSaveSharded"}
+                  "MemoryKitShardedCheckpointLoader", "MemoryKitShardedTextEncoderLoader", "MemoryKitSaveSharded",
+                  "MemoryKitFp8LayerwiseCast"}
 
 
 def pack_node_ids(object_info: dict) -> set[str]:

@@ -1,0 +1,186 @@
+"""Which layers FP8 Layerwise Cast stores in float8: skip patterns and the layer plan.
+
+Plain torch (no ComfyUI import). The default patterns are written in ComfyUI's module names
+(relative to ``model.diffusion_model``), one set per architecture family, detected from the
+diffusion model's class name; diffusers' own defaults (``pos_embed``, ``norm``, ``proj_in``...)
+use diffusers' names and miss most of these layers.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+CASTABLE_TYPES = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+HIGH_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
+
+# ---------------------------------------------------------------------------------------------
+# Default skip patterns, in ComfyUI's module names (relative to ``model.diffusion_model``).
+# Each entry: (regex searched in the module name, category). Categories: "embedding",
+# "modulation", "in/out projection". Norm layers are not Linear/Conv in these models, so they
+# are never cast; the "norm" pattern catches the few Linear layers that live inside a norm
+# (e.g. Qwen-Image's ``norm_out.linear``, an AdaLN modulation).
+# ---------------------------------------------------------------------------------------------
+COMMON_SKIPS = (
+    (r"norm", "norm"),
+    (r"embed", "embedding"),
+    (r"(^|\.)pos_", "embedding"),
+)
+FAMILY_SKIPS: dict[str, tuple[tuple[str, str], ...]] = {
+    # SD1.x / SD2.x / SDXL UNet (comfy.ldm.modules.diffusionmodules.openaimodel.UNetModel)
+    "unet": (
+        (r"^time_embed\.", "embedding"), (r"^label_emb\.", "embedding"),
+        (r"\.emb_layers\.", "modulation"),
+        (r"^input_blocks\.0\.0$", "in/out projection"), (r"^out\.", "in/out projection"),
+    ),
+    # Flux / Flux-Kontext / Chroma / HunyuanVideo (comfy.ldm.flux, chroma, hunyuan_video)
+    "flux": (
+        (r"^(time_in|vector_in|guidance_in|distilled_guidance_layer)\.", "embedding"),
+        (r"(_mod\.|modulation)", "modulation"),
+        (r"^(img_in|txt_in)(\.|$)", "in/out projection"),
+        (r"^final_layer\.", "in/out projection"),
+    ),
+    # Wan 2.x (comfy.ldm.wan.model.WanModel and variants)
+    "wan": (
+        (r"^(text_embedding|time_embedding|img_emb)\.", "embedding"),
+        (r"^time_projection\.", "modulation"),
+        (r"^patch_embedding$", "in/out projection"), (r"^head\.", "in/out projection"),
+    ),
+    # SD3 / SD3.5 MMDiT (comfy.ldm.modules.diffusionmodules.mmdit)
+    "mmdit": (
+        (r"^(t_embedder|y_embedder|context_embedder|x_embedder)\.", "embedding"),
+        (r"adaLN_modulation", "modulation"),
+        (r"^final_layer\.", "in/out projection"),
+    ),
+    # Qwen-Image (comfy.ldm.qwen_image)
+    "qwen_image": (
+        (r"^time_text_embed\.", "embedding"),
+        (r"(img_mod|txt_mod)\.", "modulation"),
+        (r"^(img_in|txt_in|proj_out)$", "in/out projection"),
+    ),
+    # LTX-Video (comfy.ldm.lightricks)
+    "ltxv": (
+        (r"^(adaln_single|caption_projection)\.", "modulation"),
+        (r"^(patchify_proj|proj_out)$", "in/out projection"),
+    ),
+    # Lumina 2 / NextDiT (comfy.ldm.lumina)
+    "lumina": (
+        (r"^(t_embedder|cap_embedder|x_embedder)(\.|$)", "embedding"),
+        (r"adaLN_modulation", "modulation"),
+        (r"^final_layer\.", "in/out projection"),
+    ),
+    # Anything else: the usual names of input/output projections.
+    "generic": (
+        (r"^(img_in|txt_in|x_embedder|patch_embed|patch_embedding|proj_in|proj_out|conv_in|conv_out)(\.|$)",
+         "in/out projection"),
+        (r"^(final_layer|head|out)\.", "in/out projection"),
+        (r"(modulation|adaLN)", "modulation"),
+    ),
+}
+# Class name of the diffusion model → family.
+FAMILY_BY_CLASS = {
+    "UNetModel": "unet", "Flux": "flux", "Chroma": "flux", "HunyuanVideo": "flux",
+    "WanModel": "wan", "VaceWanModel": "wan", "CameraWanModel": "wan", "WanModel_S2V": "wan",
+    "HumoWanModel": "wan", "AnimateWanModel": "wan",
+    "MMDiT": "mmdit", "OpenAISignatureMMDITWrapper": "mmdit",
+    "QwenImageTransformer2DModel": "qwen_image", "LTXVModel": "ltxv", "NextDiT": "lumina",
+}
+PRESETS = ("auto", "auto_fp8_modulation", "none")
+
+
+def detect_family(module: torch.nn.Module) -> str:
+    """Architecture family of a diffusion model from its class name (see ``FAMILY_BY_CLASS``);
+    ``"generic"`` when unknown."""
+    for cls in type(module).__mro__:
+        if cls.__name__ in FAMILY_BY_CLASS:
+            return FAMILY_BY_CLASS[cls.__name__]
+    return "generic"
+
+
+def default_skip_patterns(family: str, preset: str = "auto") -> list[tuple[str, str]]:
+    """(pattern, category) pairs kept in the compute dtype for ``family`` under ``preset``.
+
+    ``auto``: norms, embeddings, modulation and in/out projections. ``auto_fp8_modulation``:
+    the same without the modulation layers (on Flux they are ~27 % of the weights: float8
+    there brings weight memory from ~0.64× to ~0.51× bf16). ``none``: nothing. Raises
+    ValueError for an unknown family or preset.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown skip preset {preset!r}; expected one of {PRESETS}")
+    if family not in FAMILY_SKIPS:
+        raise ValueError(f"unknown architecture family {family!r}; expected one of {sorted(FAMILY_SKIPS)}")
+    if preset == "none":
+        return []
+    pats = list(COMMON_SKIPS) + list(FAMILY_SKIPS[family])
+    if preset == "auto_fp8_modulation":
+        pats = [(p, c) for p, c in pats if c != "modulation"]
+    return pats
+
+
+def parse_patterns(text: str) -> list[str]:
+    """Regex patterns from free text: one per line or comma-separated; blank lines and lines
+    starting with ``#`` are ignored. Raises ValueError naming the first invalid pattern."""
+    out = []
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        for pat in (p.strip() for p in line.split(",")):
+            if not pat:
+                continue
+            try:
+                re.compile(pat)
+            except re.error as e:
+                raise ValueError(f"invalid skip pattern {pat!r}: {e} (patterns are Python regular "
+                                 "expressions searched in module names, e.g. 'double_blocks\\.0\\.')") from None
+            out.append(pat)
+    return out
+
+
+@dataclass
+class LayerPlan:
+    """Which layers are cast. ``cast``: module names to store in float8; ``kept``: name →
+    reason (the matching skip pattern, or why the layer cannot be cast)."""
+
+    cast: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
+
+
+def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str, str]],
+                get_module: Callable[[str, torch.nn.Module], torch.nn.Module] | None = None) -> LayerPlan:
+    """Split the Linear/Conv1d/2d/3d layers of ``module`` into cast and kept.
+
+    A layer is kept when a pattern (``re.search`` on its dotted name) matches, when its weight
+    is not float32/float16/bfloat16 (already quantised, e.g. core's fp8 weight dtype), or when
+    it holds parameters/buffers other than ``weight``/``bias`` (e.g. core's scaled-fp8 ops).
+    ``get_module(name, module)`` may map a module found in the tree to the one to inspect
+    (ComfyUI: the original behind an object patch).
+    """
+    pats = [(p, p) if isinstance(p, str) else (p[0], f"{p[0]} ({p[1]})") for p in skip_patterns]
+    compiled = [(re.compile(p), why) for p, why in pats]
+    plan = LayerPlan()
+    for name, m in module.named_modules():
+        if get_module is not None:
+            m = get_module(name, m)
+        if not isinstance(m, CASTABLE_TYPES) or not name:
+            continue
+        why = next((w for rx, w in compiled if rx.search(name)), None)
+        if why is None:
+            extra = [k for k in list(m._parameters) + list(m._buffers)
+                     if k not in ("weight", "bias") and getattr(m, k, None) is not None]
+            w = getattr(m, "weight", None)
+            if extra:
+                why = f"holds {extra} (already a quantised/scaled layer)"
+            elif not isinstance(w, torch.Tensor) or type(w.data) is not torch.Tensor:
+                why = "weight is not a plain tensor"
+            elif w.dtype not in HIGH_PRECISION:
+                why = f"weight already {str(w.dtype).replace('torch.', '')}"
+        if why is None:
+            plan.cast.append(name)
+        else:
+            plan.kept[name] = why
+    return plan
+
+

@@ -1,0 +1,66 @@
+"""Shared checks for the FP8 Layerwise Cast tests: forwards through ComfyUI's loader path,
+the node call, and "the shared module is unchanged" against the model file."""
+from __future__ import annotations
+
+import torch
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def load_and_forward(patcher, *args, **kwargs) -> torch.Tensor:
+    """Load ``patcher`` the way sampling does (``load_models_gpu``), run one apply_model."""
+    import comfy.model_management as mm
+    with torch.inference_mode():
+        mm.load_models_gpu([patcher])
+        return patcher.model.apply_model(*args, **kwargs).float()
+
+
+def cast(ci, model, storage="float8_e4m3fn", compute="auto", scaling="per-tensor", preset="auto", extra="",
+         fp8_matmul=False):
+    with torch.inference_mode():
+        return ci.fp8_layerwise_cast(model, storage, compute, scaling, preset, extra, fp8_matmul)
+
+
+def fingerprint(module: torch.nn.Module) -> dict:
+    """name → (module object, parameter object, dtype) of every parameter."""
+    return {f"{name}.{pname}": (m, p, p.dtype)
+            for name, m in module.named_modules() for pname, p in m.named_parameters(recurse=False)}
+
+
+def read_tensors(file):
+    """Yield (key, tensor) from a safetensors file with plain reads, one tensor at a time (no
+    mmap: a 2 GB file would otherwise stay in this process's resident set)."""
+    import json
+    import struct
+    dtypes = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+    with open(file, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        for key, meta in header.items():
+            start, end = meta["data_offsets"]
+            f.seek(8 + n + start)
+            data = bytearray(f.read(end - start))
+            if meta["dtype"] in dtypes:
+                yield key, torch.frombuffer(data, dtype=dtypes[meta["dtype"]]).reshape(meta["shape"])
+
+
+def assert_unchanged(before: dict, module: torch.nn.Module, file, prefix: str = "", same_params: bool = True) -> None:
+    """The shared module holds the same module (and parameter) objects as ``before`` and every
+    parameter still equals, bit for bit, the tensor in the model ``file`` it was loaded from.
+    ``same_params=False`` where core's LoRA patched the shared module: its unpatch puts the
+    restored tensor back in a new Parameter object."""
+    after = fingerprint(module)
+    assert after.keys() == before.keys()
+    for k, (m, p, dtype) in before.items():
+        m2, p2, dtype2 = after[k]
+        assert m2 is m and (p2 is p or not same_params) and dtype2 == dtype, f"{k}: the shared module was changed"
+    seen = set()
+    for key, t in read_tensors(file):
+        k = key[len(prefix):]
+        if key.startswith(prefix) and k in after:
+            assert torch.equal(after[k][1].detach(), t.to(after[k][2])), f"{k}: weight values changed"
+            seen.add(k)
+    assert seen == set(after), set(after) - seen

@@ -1,0 +1,65 @@
+"""A small random LoRA for the SD1.5-shaped test checkpoint, in ComfyUI's key format.
+
+``loras/mk_sd15_lora_fp8test.safetensors`` (cached under ``paths.MODELS``): rank-4 LoRA
+(``lora_unet_<module name with _>.lora_down.weight`` / ``.lora_up.weight`` / ``.alpha``)
+on every Linear of the UNet's transformer blocks, the resblocks' 3×3 convs, the 1×1
+``proj_in``/``proj_out`` convs and ``time_embed.0`` (a layer FP8 Layerwise Cast keeps).
+Effective delta ΔW = up @ down · alpha/rank has element std ≈ 0.001 (5 % of the fixture's
+weight std 0.02): below a float8 e4m3 rounding step of those weights, so a LoRA merged into
+already-rounded float8 weights would mostly vanish, while one merged before rounding survives.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from . import comfy_env, paths
+
+LORA_NAME = "mk_sd15_lora_fp8test.safetensors"
+LORA_VERSION = "1"
+RANK = 4
+TARGETS = re.compile(r"(transformer_blocks\.\d+\.(attn\d\.(to_q|to_k|to_v|to_out\.0)|ff\.net\.(0\.proj|2))"
+                     r"|in_layers\.2|out_layers\.3|proj_in|proj_out|^time_embed\.0)$")
+
+
+def make_sd15_lora(path: Path, seed: int = 4242, delta_std: float = 1e-3) -> None:
+    """Write the LoRA described in the module docstring (float32, deterministic)."""
+    comfy_env.setup_comfy()
+    import comfy.ops
+    from comfy.ldm.modules.diffusionmodules.openaimodel import UNetModel
+    from safetensors.torch import save_file
+
+    from .models import sd15_unet_config
+
+    with torch.device("meta"):
+        unet = UNetModel(**sd15_unet_config(), operations=comfy.ops.disable_weight_init)
+    gen = torch.Generator().manual_seed(seed)
+    # ΔW element std = std_up · std_down · sqrt(rank) (alpha = rank → scale 1).
+    std = (delta_std / RANK ** 0.5) ** 0.5
+    sd = {}
+    for name, m in unet.named_modules():
+        if not TARGETS.search(name) or not isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)):
+            continue
+        out_ch, in_ch = m.weight.shape[:2]
+        kernel = tuple(m.weight.shape[2:])
+        key = "lora_unet_" + name.replace(".", "_")
+        sd[f"{key}.lora_down.weight"] = torch.randn((RANK, in_ch) + kernel, generator=gen) * std
+        sd[f"{key}.lora_up.weight"] = torch.randn((out_ch, RANK) + (1,) * len(kernel), generator=gen) * std
+        sd[f"{key}.alpha"] = torch.tensor(float(RANK))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    save_file(sd, str(tmp))
+    os.replace(tmp, path)
+
+
+def ensure_sd15_lora() -> Path:
+    """Path of the LoRA (generated on first use, then cached)."""
+    path = paths.MODELS / "loras" / LORA_NAME
+    stamp = path.with_name(path.name + f".v{LORA_VERSION}.ok")
+    if not path.exists() or not stamp.exists():
+        make_sd15_lora(path)
+        stamp.touch()
+    return path
