@@ -1,6 +1,7 @@
 """ComfyUI surface of MemoryKit: V3 node schemas and thin calls into ``memorykit``."""
 from comfy_api.latest import ComfyExtension, io
 
+from .group_offload import GroupOffload, GroupOffloadLoader
 from .report import MemoryReport
 
 CATEGORY = "MemoryKit"
@@ -10,4 +11,4 @@ class MemoryKitExtension(ComfyExtension):
     """Registers every MemoryKit node with ComfyUI."""
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [MemoryReport]
+        return [MemoryReport, GroupOffload, GroupOffloadLoader]
