@@ -163,7 +163,8 @@ class GroupOffloadModelPatcher(_mp.ModelPatcher):
     def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
         s = self._offload_settings(device_to, force_patch_weights)
         if s is None:
-            self.unpatch_model(self.offload_device, unpatch_weights=_has_offload(self))
+            if _has_offload(self):
+                self.unpatch_model(self.offload_device, unpatch_weights=True)
             return super().partially_load(device_to, extra_memory, force_patch_weights)
         st = self.model.__dict__.get(_STATE_ATTR)
         if (st is not None and st.settings is s and st.patches_uuid == self.patches_uuid

@@ -175,10 +175,9 @@ def plan_offload(module: nn.Module, options: GroupOffloadOptions, budget_bytes: 
     sizes = {n: tensor_bytes(module_tensors(b)) for n, b in blocks}
     plan = OffloadPlan(options.offload_type, remainder_bytes=remainder_bytes, budget_bytes=budget_bytes)
     factor = 1 + int(options.use_stream) + int(options.record_stream)
-    if options.offload_type == "block_level":
-        largest = max(sizes.values(), default=0)
-        group = largest * min(options.group_size, max((len(bl) for _, bl in lists), default=1))
-        buffer = factor * group
+    if options.offload_type == "block_level":  # any group ≤ the group_size largest blocks of its list
+        buffer = factor * max((sum(sorted((sizes[n] for n, _ in bl), reverse=True)[:options.group_size])
+                               for _, bl in lists), default=0)
     else:
         buffer = factor * _largest_leaf_group([module])
 
