@@ -89,8 +89,12 @@ class _OffloadState:
 
 def default_disk_folder() -> str:
     """ComfyUI's temp folder (emptied by ComfyUI at start-up), used when the node's folder is empty."""
+    import os
+
     import folder_paths
-    return folder_paths.get_temp_directory()
+    path = folder_paths.get_temp_directory()
+    os.makedirs(path, exist_ok=True)  # ComfyUI deletes it at start-up and exit and recreates it on demand
+    return path
 
 
 def comfy_block_lists(diffusion_model: _torch.nn.Module) -> _plan.BlockLists:
@@ -245,6 +249,8 @@ class GroupOffloadModelPatcher(_mp.ModelPatcher):
             dm, device_to, self.offload_device, options=opts, budget_bytes=budget,
             block_lists=comfy_block_lists(dm), disk_folder=s.disk_folder or default_disk_folder(),
             disk_tag=f"{type(self.model).__name__}-{str(self.patches_uuid)[:8]}")
+        if handle.plan.below_minimum:
+            notes.append(f"budget {budget / 2**30:.2f} GiB is below the minimum footprint: everything streams")
         st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup)
         st.notes = notes
         self.model.__dict__[_STATE_ATTR] = st

@@ -236,11 +236,18 @@ def apply_group_offload(module: nn.Module, onload_device: str | torch.device,
                       use_stream=options.use_stream, record_stream=options.record_stream,
                       low_cpu_mem_usage=options.low_cpu_mem_usage, offload_to_disk_path=h.disk_dir,
                       exclude_kwargs=list(options.exclude_kwargs) or None)
-        if plan.remainder_resident:
-            with _only_streamed_blocks(module, lists, set(plan.streamed_blocks), block_level and options.use_stream):
+        try:
+            if plan.remainder_resident:
+                with _only_streamed_blocks(module, lists, set(plan.streamed_blocks),
+                                           block_level and options.use_stream):
+                    apply_group_offloading(module, **kwargs)
+            else:
                 apply_group_offloading(module, **kwargs)
-        else:
-            apply_group_offloading(module, **kwargs)
+        except Exception as e:  # diffusers writes the disk files while it applies (OSError, SafetensorError)
+            if h.disk_dir is None:
+                raise
+            raise RuntimeError(f"Writing offload files to {h.disk_dir!r} failed ({e}): free space or choose "
+                               "another folder.") from e
         _install_counters(h, list(zip(plan.streamed_blocks, streamed_blocks)) if block_level else [])
     except BaseException:
         remove_group_offload(h)

@@ -116,7 +116,7 @@ def test_lora_before_and_after_group_offload(server, folder, fixture_models):
          "7": {"class_type": "LoraLoaderModelOnly", "inputs": {"model": ["6", 0], "lora_name": LORA_NAME,
                                                               "strength_model": 1.0}}}
     p = _add_samplers(p, {"no_lora": ["1", 0], "lora": ["5", 0], "lora_then_offload": go(["5", 0], folder),
-                          "offload_then_lora": ["7", 0]}, pos="2", neg="3", latent="4", steps=2, cfg=5.0,
+                          "offload_then_lora": ["7", 0]}, pos="2", neg="3", latent="4", steps=2, cfg=1.0,
                       scheduler="normal")
     got = latents(server, server.run(p))
     assert not torch.equal(got["lora"], got["no_lora"]), "the LoRA changes nothing: the test would prove nothing"
@@ -206,6 +206,12 @@ def test_missing_or_readonly_folder_is_a_clear_error(server, wan_plain, tmp_path
     assert ro is not None, "no read-only folder available on this machine"
     got = latents(server, server.run(wan_prompt({"plain": ["1", 0]})))["plain"]
     assert torch.equal(got, wan_plain)
+
+
+def test_invalid_option_combination_names_the_option(server, folder):
+    res = server.run(wan_prompt({"offload": go(["1", 0], folder, use_stream=False, record_stream=True)}))
+    assert res.status == "error" and res.error["node_type"] == "MemoryKitGroupOffload"
+    assert "record_stream" in res.error["exception_message"]
 
 
 def test_loader_equals_unet_loader(server, wan_plain, folder):
