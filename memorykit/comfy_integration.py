@@ -85,6 +85,7 @@ class _OffloadState:
         self.device, self.offload_device, self.backup = device, offload_device, backup
         self.finalizer = None
         self.last_run: dict | None = None
+        self.keep_on_detach: int | None = None  # id of the patcher whose next detach(False) may keep the offload
 
 
 def default_disk_folder() -> str:
@@ -171,9 +172,10 @@ class GroupOffloadModelPatcher(_mp.ModelPatcher):
                 self.unpatch_model(self.offload_device, unpatch_weights=True)
             return super().partially_load(device_to, extra_memory, force_patch_weights)
         st = self.model.__dict__.get(_STATE_ATTR)
-        if (st is not None and st.settings is s and st.patches_uuid == self.patches_uuid
-                and st.device == _torch.device(device_to)):
-            return 0
+        if st is not None:
+            st.keep_on_detach = None
+            if st.settings is s and st.patches_uuid == self.patches_uuid and st.device == _torch.device(device_to):
+                return 0
         with self.use_ejected(skip_and_inject_on_exit_only=True):
             before = self.model.model_loaded_weight_memory
             self.unpatch_model(self.offload_device, unpatch_weights=True)
@@ -203,9 +205,24 @@ class GroupOffloadModelPatcher(_mp.ModelPatcher):
             unpatch_weights = True
         return super().unpatch_model(device_to, unpatch_weights)
 
+    def is_clone(self, other):
+        # load_models_gpu asks the model it is about to load whether each loaded model shares its
+        # weights, then detaches those with unpatch_all=False. When the model about to load is a
+        # GroupOffloadModelPatcher, its partially_load reuses the offload or replaces it, so that
+        # detach may keep it (no re-application between runs). Any other detach undoes it fully.
+        same = super().is_clone(other)
+        st = self.model.__dict__.get(_STATE_ATTR)
+        if same and st is not None:
+            st.keep_on_detach = id(other)
+        return same
+
     def detach(self, unpatch_all=True):
-        # Always undo completely: the next patcher of these weights knows nothing of the hooks.
-        return super().detach(unpatch_all or _has_offload(self))
+        st = self.model.__dict__.get(_STATE_ATTR)
+        if st is not None:
+            keep = not unpatch_all and st.keep_on_detach == id(self)
+            st.keep_on_detach = None
+            unpatch_all = not keep
+        return super().detach(unpatch_all)
 
     def _apply_group_offload(self, device_to, s: GroupOffloadSettings, extra_memory) -> None:
         if self.hook_patches:

@@ -17,6 +17,7 @@ Where this code does what diffusers does not (each marked "why" below):
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import re
@@ -234,8 +235,9 @@ def apply_group_offload(module: nn.Module, onload_device: str | torch.device,
         kwargs = dict(onload_device=onload, offload_device=offload, offload_type=options.offload_type,
                       num_blocks_per_group=options.group_size if block_level else None,
                       use_stream=options.use_stream, record_stream=options.record_stream,
-                      low_cpu_mem_usage=options.low_cpu_mem_usage, offload_to_disk_path=h.disk_dir,
-                      exclude_kwargs=list(options.exclude_kwargs) or None)
+                      low_cpu_mem_usage=options.low_cpu_mem_usage, offload_to_disk_path=h.disk_dir)
+        if options.exclude_kwargs and "exclude_kwargs" in inspect.signature(apply_group_offloading).parameters:
+            kwargs["exclude_kwargs"] = list(options.exclude_kwargs)  # newer diffusers only; older ones copy them
         try:
             if plan.remainder_resident:
                 with _only_streamed_blocks(module, lists, set(plan.streamed_blocks),
