@@ -63,6 +63,7 @@ from . import report as _report
 _log = _logging.getLogger("MemoryKit")
 GROUP_OFFLOAD_KEY = "memorykit_group_offload"
 _STATE_ATTR = "_memorykit_group_offload_state"
+_STORE = _torch.device("cpu")  # where offloaded weights wait (ComfyUI's offload device is the GPU with --highvram)
 
 
 @_dc.dataclass(frozen=True)
@@ -178,7 +179,7 @@ class GroupOffloadModelPatcher(_mp.ModelPatcher):
                 return 0
         with self.use_ejected(skip_and_inject_on_exit_only=True):
             before = self.model.model_loaded_weight_memory
-            self.unpatch_model(self.offload_device, unpatch_weights=True)
+            self.unpatch_model(_STORE, unpatch_weights=True)
             self.patch_model(load_weights=False)
             try:
                 self._apply_group_offload(_torch.device(device_to), s, extra_memory)
@@ -192,7 +193,7 @@ class GroupOffloadModelPatcher(_mp.ModelPatcher):
         if s is None:
             return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
         with self.use_ejected():
-            self.unpatch_model(self.offload_device, unpatch_weights=True)
+            self.unpatch_model(_STORE, unpatch_weights=True)
             self._apply_group_offload(_torch.device(device_to), s, lowvram_model_memory or 1e32)
 
     def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
@@ -230,11 +231,12 @@ class GroupOffloadModelPatcher(_mp.ModelPatcher):
                                "(Create Hook LoRA / Set Model Hooks). Use LoraLoader before or after Group "
                                "Offload instead.")
         self.unpatch_hooks()
+        store = _STORE
         for key in list(self.patches):  # LoRA: computed on the load device as ModelPatcher.load does
             self.patch_weight_to_device(key, device_to=device_to)
             w = _cu.get_attr(self.model, key)
-            if w.device != self.offload_device:
-                w.data = w.data.to(self.offload_device)
+            if w.device != store:
+                w.data = w.data.to(store)
         for m in self.model.modules():  # weights are final: ModelPatcher.load must not patch them again
             if hasattr(m, "comfy_cast_weights") or next(m.parameters(recurse=False), None) is not None:
                 m.comfy_patched_weights = True
@@ -263,7 +265,7 @@ class GroupOffloadModelPatcher(_mp.ModelPatcher):
             budget = mm.get_free_memory(device_to) - mm.minimum_inference_memory()
             budget = max(0, int(min(budget, extra_memory)))
         handle = _offload.apply_group_offload(
-            dm, device_to, self.offload_device, options=opts, budget_bytes=budget,
+            dm, device_to, store, options=opts, budget_bytes=budget,
             block_lists=comfy_block_lists(dm), disk_folder=s.disk_folder or default_disk_folder(),
             disk_tag=f"{type(self.model).__name__}-{str(self.patches_uuid)[:8]}")
         if handle.plan.below_minimum:
