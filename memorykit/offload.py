@@ -218,7 +218,8 @@ def apply_group_offload(module: nn.Module, onload_device: str | torch.device,
         for t in module_tensors(module):
             _move_(t, offload if id(t) in streamed_ids else onload)
         module.__dict__[_MARK] = weakref.ref(h)
-        if not streamed:
+        if not streamed:  # everything fits the budget: no hooks, only the forward counter
+            _install_counters(h, [])
             return h
         if options.offload_to == "disk":
             parent = check_disk_folder(disk_folder, plan.streamed_bytes)

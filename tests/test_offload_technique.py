@@ -131,6 +131,23 @@ def test_offloaded_output_is_bit_exact_and_removal_restores(loaded, tmp_path, ke
         assert torch.equal(m.forward(), m.reference)
 
 
+def test_budget_that_fits_everything_streams_nothing(loaded, tmp_path):
+    from comfyui_memorykit.memorykit import offload
+    from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
+    m = loaded("wan")
+    h = offload.apply_group_offload(m.dm, "cpu", options=GroupOffloadOptions(offload_to="disk"),
+                                    budget_bytes=1 << 40, disk_folder=tmp_path)
+    try:
+        assert h.plan.streamed_blocks == [] and h.plan.streamed_bytes == 0 and h.plan.buffer_bytes == 0
+        assert torch.equal(m.forward(), m.reference)
+        fig = offload.offload_figures(h)
+        assert fig["groups"] == 0 and fig["forwards"] == 1 and fig["disk_bytes"] == 0
+        assert os.listdir(tmp_path) == []
+    finally:
+        offload.remove_group_offload(h)
+    m.assert_restored()
+
+
 def test_block_level_refuses_blocks_that_bypass_their_forward(loaded, tmp_path):
     """ComfyUI's UNet runs the layers of its TimestepEmbedSequential containers without calling
     the container's forward: with diffusers' own block rule those blocks would run on offloaded
