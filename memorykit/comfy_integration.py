@@ -87,6 +87,7 @@ class _OffloadState:
         self.finalizer = None
         self.last_run: dict | None = None
         self.keep_on_detach: int | None = None  # id of the patcher whose next detach(False) may keep the offload
+        self.notes: list[str] = []
 
 
 def default_disk_folder() -> str:
@@ -271,7 +272,7 @@ class GroupOffloadModelPatcher(_mp.ModelPatcher):
         if handle.plan.below_minimum:
             notes.append(f"budget {budget / 2**30:.2f} GiB is below the minimum footprint: everything streams")
         st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup)
-        st.notes = notes
+        st.notes += notes
         self.model.__dict__[_STATE_ATTR] = st
         st.finalizer = _weakref.finalize(self, _finalize_offload, self.model, st)
         st.finalizer.atexit = False  # at exit only the disk files matter; offload.py deletes those
@@ -389,7 +390,7 @@ def group_offload_state_info(base_model) -> dict | None:
     return {"status": "applied", "options": _options_info(st.settings),
             "disk_folder": st.settings.disk_folder or default_disk_folder(),
             "figures": _offload.offload_figures(st.handle), "run": st.last_run,
-            "notes": list(getattr(st, "notes", []))}
+            "notes": list(st.notes)}
 
 
 def group_offload_ui(label: str, info: dict) -> dict:
