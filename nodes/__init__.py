@@ -4,6 +4,7 @@ from comfy_api.latest import ComfyExtension, io
 from .device_map import BalancedDeviceMap
 from .free_memory import FreeMemory
 from .fp8 import Fp8LayerwiseCast
+from .group_offload import GroupOffload, GroupOffloadLoader
 from .report import MemoryReport
 from .sharded import SaveSharded, ShardedCheckpointLoader, ShardedTextEncoderLoader
 
@@ -15,4 +16,4 @@ class MemoryKitExtension(ComfyExtension):
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         return [MemoryReport, FreeMemory, ShardedCheckpointLoader, ShardedTextEncoderLoader, SaveSharded,
-                Fp8LayerwiseCast, BalancedDeviceMap]
+                Fp8LayerwiseCast, GroupOffload, GroupOffloadLoader, BalancedDeviceMap]

@@ -113,6 +113,18 @@ def fp8_sd15() -> dict:
     return p
 
 
+def group_offload_wan21_t2v() -> dict:
+    """Wan 2.1 text-to-video through Group Offload (disk target, so it also saves RAM on a CPU-only machine)."""
+    p = wan21_t2v()
+    p["12"] = {"class_type": "MemoryKitGroupOffload",
+               "inputs": {"model": ["1", 0], "offload_type": "block_level", "num_blocks_per_group": 1,
+                          "vram_budget_gb": 0.0, "use_stream": True, "record_stream": False,
+                          "low_cpu_mem_usage": False, "offload_to": "disk", "disk_folder": ""}}
+    p["6"]["inputs"]["model"] = ["12", 0]
+    p["11"]["inputs"]["filename_prefix"] = "MemoryKit/group_offload_wan21"
+    return p
+
+
 WORKFLOWS = {
     "memory_report_sd15": sd15_txt2img,
     "fp8_layerwise_sd15": fp8_sd15,
@@ -120,6 +132,7 @@ WORKFLOWS = {
     "balanced_device_map_wan21_t2v": wan21_device_map,
     "free_memory_sd15": free_memory_sd15,
     "sharded_loaders_sd15": sharded_sd15_txt2img,
+    "group_offload_wan21_t2v": group_offload_wan21_t2v,
 }
 
 

@@ -12,7 +12,7 @@ from harness import paths
 # (ComfyUI only logs a failed import, so this list is the check).
 EXPECTED_NODES = {"MemoryKitMemoryReport", "MemoryKitFreeMemory", "MemoryKitBalancedDeviceMap",
                   "MemoryKitShardedCheckpointLoader", "MemoryKitShardedTextEncoderLoader", "MemoryKitSaveSharded",
-                  "MemoryKitFp8LayerwiseCast"}
+                  "MemoryKitFp8LayerwiseCast", "MemoryKitGroupOffload", "MemoryKitGroupOffloadLoader"}
 
 
 def pack_node_ids(object_info: dict) -> set[str]:

@@ -1,0 +1,223 @@
+"""Planning for group offloading: which blocks stay resident under a budget, which stream.
+
+Plain torch, no diffusers and no ComfyUI: everything here only reads a module's structure
+and tensor sizes. :mod:`memorykit.offload` applies a plan.
+
+Terms: a *block* is one element of a block list (by default, as in diffusers'
+``block_level`` rule, an element of a direct ``ModuleList``/``Sequential`` child); the
+*remainder* is every parameter/buffer that lies in no block (embeddings, final layers).
+The *onload* device computes, the *offload* device (CPU RAM, or disk behind it) stores.
+All sizes are bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+OFFLOAD_TYPES = ("block_level", "leaf_level")
+OFFLOAD_TARGETS = ("cpu", "disk")
+
+# Layers diffusers streams one by one in leaf_level (diffusers.hooks._common._GO_LC_SUPPORTED_PYTORCH_LAYERS).
+LEAF_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
+              nn.Linear, nn.Embedding)
+
+BlockLists = list[tuple[str, list[tuple[str, nn.Module]]]]
+
+
+@dataclass(frozen=True)
+class GroupOffloadOptions:
+    """Options of group offloading, named as in ``diffusers.hooks.apply_group_offloading``.
+
+    ``num_blocks_per_group``: blocks streamed together in block_level (a value ≥ the length of
+    a block list puts the whole list in one group; diffusers forces 1 with ``use_stream``).
+    ``offload_to``: ``"cpu"`` (weights wait in RAM) or ``"disk"`` (one safetensors file per group).
+    ``exclude_kwargs``: keyword arguments the hooks must not copy to the onload device.
+    """
+
+    offload_type: str = "block_level"
+    num_blocks_per_group: int = 1
+    use_stream: bool = False
+    record_stream: bool = False
+    low_cpu_mem_usage: bool = False
+    offload_to: str = "cpu"
+    exclude_kwargs: tuple[str, ...] = ()
+
+    def validate(self, onload_device: torch.device | None = None) -> None:
+        """Raise ValueError naming the option to change when the combination is invalid."""
+        if self.offload_type not in OFFLOAD_TYPES:
+            raise ValueError(f"offload_type must be one of {OFFLOAD_TYPES}, got {self.offload_type!r}")
+        if self.offload_to not in OFFLOAD_TARGETS:
+            raise ValueError(f"offload_to must be one of {OFFLOAD_TARGETS}, got {self.offload_to!r}")
+        if self.num_blocks_per_group < 1:
+            raise ValueError(f"num_blocks_per_group must be ≥ 1, got {self.num_blocks_per_group}")
+        if self.record_stream and not self.use_stream:
+            raise ValueError("record_stream needs use_stream: turn use_stream on or record_stream off")
+        if self.use_stream and onload_device is not None and torch.device(onload_device).type == "cpu":
+            raise ValueError("use_stream needs a GPU as onload device (CUDA streams); turn use_stream off "
+                             "when computing on the CPU")
+
+    @property
+    def group_size(self) -> int:
+        """Blocks per group as diffusers will use them (1 with streams)."""
+        return 1 if self.use_stream else self.num_blocks_per_group
+
+
+def tensor_bytes(tensors) -> int:
+    """Total bytes of distinct tensors (each counted once, by identity)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+def module_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer of ``module`` (recursively), shared ones once."""
+    out, seen = [], set()
+    for t in list(module.parameters()) + list(module.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
+
+
+def default_block_lists(module: nn.Module) -> BlockLists:
+    """diffusers' block_level rule: the elements of every direct ``ModuleList``/``Sequential``
+    child, as ``[(child_name, [(qualified_name, block), ...]), ...]`` in module order."""
+    out = []
+    for name, child in module.named_children():
+        if isinstance(child, (nn.ModuleList, nn.Sequential)) and len(child) > 0:
+            out.append((name, [(f"{name}.{i}", b) for i, b in enumerate(child)]))
+    return out
+
+
+def spread_order(n: int) -> list[int]:
+    """``0..n-1`` in bit-reversal (van der Corput) order: 0, n/2, n/4, 3n/4, ...
+
+    Taking the first k indices of this order gives k positions spread evenly over the
+    sequence, starting at 0. Used to place resident blocks between streamed ones, so the
+    copy of a streamed block overlaps the compute of resident ones (with ``use_stream``).
+    """
+    if n <= 1:
+        return list(range(n))
+    bits = (n - 1).bit_length()
+    return sorted(range(n), key=lambda i: int(format(i, f"0{bits}b")[::-1], 2))
+
+
+@dataclass
+class OffloadPlan:
+    """What stays on the onload device and what streams, with the resulting footprint.
+
+    ``footprint_bytes`` = ``resident_bytes`` + ``buffer_bytes``: the onload-device memory the
+    weights need during a forward. ``buffer_bytes`` estimates the streaming buffers:
+    (1 + use_stream + record_stream) × the largest streamed group (the group computing, the
+    one being prefetched, and with record_stream one whose memory the allocator cannot reuse
+    yet). ``below_minimum`` is True when a budget was given that even full streaming exceeds.
+    """
+
+    offload_type: str
+    resident_blocks: list[str] = field(default_factory=list)
+    streamed_blocks: list[str] = field(default_factory=list)
+    remainder_resident: bool = True
+    remainder_bytes: int = 0
+    resident_bytes: int = 0
+    streamed_bytes: int = 0
+    buffer_bytes: int = 0
+    budget_bytes: int | None = None
+    below_minimum: bool = False
+
+    @property
+    def footprint_bytes(self) -> int:
+        return self.resident_bytes + self.buffer_bytes
+
+    def as_dict(self) -> dict:
+        return {"offload_type": self.offload_type, "resident_blocks": len(self.resident_blocks),
+                "streamed_blocks": len(self.streamed_blocks), "remainder_resident": self.remainder_resident,
+                "remainder_bytes": self.remainder_bytes, "resident_bytes": self.resident_bytes,
+                "streamed_bytes": self.streamed_bytes, "buffer_bytes": self.buffer_bytes,
+                "footprint_bytes": self.footprint_bytes, "budget_bytes": self.budget_bytes,
+                "below_minimum": self.below_minimum}
+
+
+def _largest_leaf_group(modules) -> int:
+    """Bytes of the largest leaf_level group: one supported layer, or one module's direct tensors."""
+    best = 0
+    for root in modules:
+        for m in root.modules():
+            if isinstance(m, LEAF_TYPES):
+                best = max(best, tensor_bytes(list(m.parameters()) + list(m.buffers())))
+            else:
+                best = max(best, tensor_bytes(list(m.parameters(recurse=False)) + list(m.buffers(recurse=False))))
+    return best
+
+
+def plan_offload(module: nn.Module, options: GroupOffloadOptions, budget_bytes: int | None = None,
+                 block_lists: BlockLists | None = None) -> OffloadPlan:
+    """Decide which blocks stay resident on the onload device and which stream.
+
+    ``budget_bytes`` None: stream every block. In leaf_level the remainder streams too (as in
+    diffusers); in block_level it stays resident (diffusers would onload it for the whole
+    forward anyway, see ``_apply_group_offloading_block_level``'s unmatched group).
+    ``budget_bytes`` given: the onload-device bytes the weights may use, streaming buffers
+    included. The remainder is kept first, then blocks in :func:`spread_order` while they fit;
+    if not even the remainder and the buffers fit, everything streams (``below_minimum``).
+    ``block_lists``: the blocks, ``[(list_name, [(name, module), ...]), ...]`` in execution
+    order; default :func:`default_block_lists`. Blocks without tensors are left out.
+    """
+    options.validate()
+    lists = default_block_lists(module) if block_lists is None else block_lists
+    blocks = [(n, b) for _, bl in lists for n, b in bl]
+    block_ids = {id(t) for _, b in blocks for t in module_tensors(b)}
+    remainder_bytes = tensor_bytes(t for t in module_tensors(module) if id(t) not in block_ids)
+    sizes = {n: tensor_bytes(module_tensors(b)) for n, b in blocks}
+    plan = OffloadPlan(options.offload_type, remainder_bytes=remainder_bytes, budget_bytes=budget_bytes)
+    factor = 1 + int(options.use_stream) + int(options.record_stream)
+    if options.offload_type == "block_level":  # any group ≤ the group_size largest blocks of its list
+        buffer = factor * max((sum(sorted((sizes[n] for n, _ in bl), reverse=True)[:options.group_size])
+                               for _, bl in lists), default=0)
+    else:
+        buffer = factor * _largest_leaf_group([module])
+
+    streamable = [(n, b) for n, b in blocks if sizes[n] > 0]
+    resident: set[str] = set()
+    if budget_bytes is None:
+        plan.remainder_resident = options.offload_type == "block_level"
+    else:
+        avail = budget_bytes - buffer - remainder_bytes
+        if avail < 0:
+            plan.below_minimum = True
+            plan.remainder_resident = options.offload_type == "block_level"
+        else:
+            for i in spread_order(len(streamable)):
+                n = streamable[i][0]
+                if sizes[n] <= avail:
+                    resident.add(n)
+                    avail -= sizes[n]
+    plan.resident_blocks = [n for n, _ in streamable if n in resident]
+    plan.streamed_blocks = [n for n, _ in streamable if n not in resident]
+    plan.streamed_bytes = sum(sizes[n] for n in plan.streamed_blocks)
+    plan.resident_bytes = sum(sizes[n] for n in resident)
+    if plan.remainder_resident:
+        plan.resident_bytes += remainder_bytes
+    else:
+        plan.streamed_bytes += remainder_bytes
+    if plan.streamed_blocks or not plan.remainder_resident:
+        if options.offload_type == "block_level":
+            plan.buffer_bytes = factor * _largest_window(lists, set(plan.streamed_blocks), sizes,
+                                                         options.group_size)
+        else:
+            plan.buffer_bytes = buffer
+    return plan
+
+
+def _largest_window(lists: BlockLists, streamed: set[str], sizes: dict[str, int], n: int) -> int:
+    """Largest group diffusers forms: ``n`` consecutive streamed blocks of one list."""
+    best = 0
+    for _, bl in lists:
+        s = [sizes[name] for name, _ in bl if name in streamed]
+        for i in range(0, len(s), n):
+            best = max(best, sum(s[i:i + n]))
+    return best
