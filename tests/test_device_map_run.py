@@ -63,7 +63,7 @@ def assert_restored(module, snap: dict):
 
 def applied(patcher):
     from comfyui_memorykit.memorykit import comfy_integration
-    return comfy_integration._applied(patcher.model)
+    return comfy_integration.device_map_patcher._applied(patcher.model)
 
 
 def test_dispatch_on_a_plain_module_equals_and_undoes(comfy, wan, tmp_path):

@@ -78,7 +78,7 @@ def test_flux_error_bytes_and_input_unchanged(ci, fp8, flux, fixture_models):
         for name, m in dm.named_modules():
             if name in kept:
                 assert m is before[f"{name}.weight"][0] and m.weight is before[f"{name}.weight"][1]
-            elif isinstance(m, ci._Fp8CastOp):
+            elif isinstance(m, ci.fp8_patcher._Fp8CastOp):
                 assert m.weight.dtype == E4M3 and m.weight.element_size() == 1
                 assert m.weight.numel() == before[f"{name}.weight"][1].numel()
                 n_fp8 += m.weight.numel() * m.weight.element_size()
@@ -224,7 +224,7 @@ def test_lora_before_and_after_match(ci, fp8, comfy, fixture_models):
     # float32 from the original weight (one rounding), with the layer's scale.
     key = "diffusion_model.middle_block.1.transformer_blocks.0.attn1.to_q.weight"
     layer = dm.middle_block[1].transformer_blocks[0].attn1.to_q
-    assert isinstance(layer, ci._Fp8CastOp) and layer.weight.dtype == E4M3
+    assert isinstance(layer, ci.fp8_patcher._Fp8CastOp) and layer.weight.dtype == E4M3
     w = before[key[len("diffusion_model."):]][1]
     with torch.inference_mode():
         merged = comfy.lora.calculate_weight(fp8_then_lora.patches[key], w.detach().float().clone(), key)

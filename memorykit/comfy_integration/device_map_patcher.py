@@ -1,0 +1,238 @@
+"""ComfyUI integration: device map patcher (see the section comment below)."""
+from __future__ import annotations
+
+import comfy.model_management as mm  # noqa: F401
+
+from .common import loaded_models  # noqa: F401
+
+
+# =============================================================================================
+# Balanced Device Map (issue 7): a device map applied when ComfyUI loads the model, removed
+# when ComfyUI unloads/detaches it.
+#
+# Why a ModelPatcher subclass and not CallbacksMP.ON_LOAD: ON_LOAD runs at the end of
+# ModelPatcher.load, after ComfyUI has already moved the weights to the load device (or set up
+# its lowvram casting) — for a model split across GPUs that is the out-of-memory we avoid.
+# Overriding load/partially_load/partially_unload/unpatch_model/detach on a per-model subclass
+# (the mechanism city96/ComfyUI-GGUF uses) lets ComfyUI patch the weights (LoRA) on the offload
+# device and then hands placement to accelerate. The subclass is made over the input's own
+# class, for the clone only: nothing of ComfyUI is replaced globally.
+# =============================================================================================
+import uuid  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+import torch  # noqa: E402
+
+from .. import device_map as _dm  # noqa: E402
+from ..device_dispatch import dispatch_device_map as _dispatch  # noqa: E402
+
+DEVICE_MAP_ATTACHMENT = "memorykit_device_map"
+# ComfyUI passes transformer_options (patches, wrappers, callbacks) down every forward; its
+# content is not input data and must reach the blocks as it is (not copied, not moved).
+_DEVICE_MAP_SKIP_KEYS = ["transformer_options"]
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceMapPlan:
+    """What a Balanced Device Map clone carries (as the attachment ``memorykit_device_map``).
+
+    ``device_map``: accelerate map of ``model.diffusion_model`` (module order);
+    ``main_device``: where its inputs go; ``offload_folder``: parent folder for ``disk`` entries.
+    """
+
+    device_map: dict
+    main_device: object
+    offload_folder: str
+
+
+@dataclass
+class _AppliedDeviceMap:
+    handle: object          # device_dispatch.DispatchedModel
+    plan: DeviceMapPlan
+    owner_token: str        # _mk_device_map_owner of the ModelPatcher that applied it
+    patches_uuid: object
+
+
+_APPLIED_ATTR = "memorykit_device_map_applied"
+
+
+def _applied(base_model) -> _AppliedDeviceMap | None:
+    return base_model.__dict__.get(_APPLIED_ATTR)
+
+
+def _remove_applied_device_map(base_model, offload_device) -> bool:
+    """Undo a device map applied to ``base_model.diffusion_model`` (by any patcher); True if one was."""
+    st = base_model.__dict__.pop(_APPLIED_ATTR, None)
+    if st is None:
+        return False
+    st.handle.remove()
+    base_model.model_loaded_weight_memory = 0
+    base_model.device = offload_device
+    return True
+
+
+def _map_device_of(device) -> object:
+    d = torch.device(device) if device is not None else torch.device("cpu")
+    return (d.index or 0) if d.type == "cuda" else d.type
+
+
+class _DeviceMapPatcherMixin:
+    """ModelPatcher behaviour for a clone carrying a :class:`DeviceMapPlan` (see section notes)."""
+
+    def _device_map_plan(self) -> DeviceMapPlan | None:
+        return self.get_attachment(DEVICE_MAP_ATTACHMENT)
+
+    def _owns_device_map(self) -> bool:
+        st = _applied(self.model)
+        return st is not None and st.owner_token == self.__dict__.get("_mk_device_map_owner")
+
+    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
+        plan = self._device_map_plan()
+        if plan is None:
+            return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
+        _remove_applied_device_map(self.model, self.offload_device)
+        # ComfyUI's own full load onto the offload device: applies weight patches (LoRA), no
+        # lowvram casting, weights stay in RAM; accelerate then places them.
+        super().load(self.offload_device, 0, force_patch_weights, True)
+        handle = _dispatch(self.model.diffusion_model, plan.device_map, plan.offload_folder, plan.main_device,
+                           skip_keys=_DEVICE_MAP_SKIP_KEYS)
+        token = self.__dict__.setdefault("_mk_device_map_owner", uuid.uuid4().hex)
+        self.model.__dict__[_APPLIED_ATTR] = _AppliedDeviceMap(handle, plan, token, self.patches_uuid)
+        on_load_device = _dm.bytes_per_device(self.model.diffusion_model, plan.device_map).get(
+            _dm.device_name(_map_device_of(device_to)), 0)
+        self.model.device = device_to
+        self.model.model_lowvram = False
+        self.model.model_loaded_weight_memory = on_load_device
+        self.model.model_offload_buffer_memory = 0
+
+    def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
+        plan = self._device_map_plan()
+        if plan is None:
+            return super().partially_load(device_to, extra_memory, force_patch_weights)
+        st = _applied(self.model)
+        if (st is not None and self._owns_device_map() and st.plan is plan and not force_patch_weights
+                and st.patches_uuid == self.patches_uuid):
+            return 0  # already placed by this patcher
+        with self.use_ejected(skip_and_inject_on_exit_only=True):
+            # Start from ComfyUI's unloaded state whatever was there (the plain model, another map).
+            self.unpatch_model(self.offload_device, unpatch_weights=True)
+            self.patch_model(load_weights=False)
+            try:
+                self.load(device_to, force_patch_weights=force_patch_weights, full_load=True)
+            except Exception:
+                self.detach()
+                raise
+        return self.model.model_loaded_weight_memory
+
+    def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
+        if _applied(self.model) is not None:
+            return 0  # a device map is removed whole (detach), never in part
+        return super().partially_unload(device_to, memory_to_free, force_patch_weights)
+
+    def unpatch_model(self, device_to=None, unpatch_weights=True):
+        if unpatch_weights:
+            _remove_applied_device_map(self.model, self.offload_device)
+        return super().unpatch_model(device_to, unpatch_weights)
+
+    def detach(self, unpatch_all=True):
+        if self._owns_device_map():
+            # "reset device map": weights back where they were, then ComfyUI's full unpatch so
+            # its bookkeeping (patched weights, loaded size) matches.
+            _remove_applied_device_map(self.model, self.offload_device)
+            unpatch_all = True
+        return super().detach(unpatch_all)
+
+
+_DEVICE_MAP_CLASSES: dict = {}
+
+
+def _device_map_patcher_class(base: type) -> type:
+    if issubclass(base, _DeviceMapPatcherMixin):
+        return base
+    cls = _DEVICE_MAP_CLASSES.get(base)
+    if cls is None:
+        cls = type(f"DeviceMap{base.__name__}", (_DeviceMapPatcherMixin, base), {"__module__": __name__})
+        _DEVICE_MAP_CLASSES[base] = cls
+    return cls
+
+
+def _clone_without_dynamic_vram(model):
+    """``model.clone()``; on ComfyUI with dynamic VRAM (0.38+, ``ModelPatcherDynamic``) a clone that
+    opts out of it, or RuntimeError when that is not possible."""
+    if "Dynamic" not in type(model).__name__:
+        return model.clone()
+    try:
+        n = model.clone(disable_dynamic=True)
+    except TypeError:
+        n = None
+    if n is None or "Dynamic" in type(n).__name__:
+        raise RuntimeError("this ComfyUI manages the model with dynamic VRAM (ModelPatcherDynamic), which cannot "
+                           "carry a device map; start ComfyUI with --disable-dynamic-vram")
+    return n
+
+
+def _is_comfy_unet(diffusion_model) -> bool:
+    return hasattr(diffusion_model, "input_blocks") and hasattr(diffusion_model, "output_blocks")
+
+
+def device_map_model(model, strategy: str, max_memory: str, offload_folder: str = "",
+                     custom_device_map: str = "") -> tuple[object, dict, str]:
+    """Plan a device map for ``model``'s diffusion model; return ``(clone, report, text)``.
+
+    The clone carries the plan; it is applied when ComfyUI loads the clone for sampling and
+    removed when ComfyUI unloads or detaches it. ``report`` is the Memory Report dict plus
+    ``device_map`` (the ``hf_device_map`` the model will get: module → GPU index / "cpu" /
+    "disk"), ``strategy``, ``max_memory`` (budgets in bytes after balancing, keyed by device
+    name; None for a custom map), ``no_split_module_classes``, ``bytes_per_device``,
+    ``main_device``, ``offload_folder``, ``missing_devices``. Raises ValueError for bad input
+    (see :mod:`memorykit.device_map`).
+    """
+    import folder_paths
+    from .report import build_report, format_report
+
+    diffusion_model = model.get_model_object("diffusion_model")
+    no_split = _dm.block_classes(diffusion_model)
+    if custom_device_map and custom_device_map.strip():
+        device_map = _dm.validate_device_map(diffusion_model, _dm.parse_custom_device_map(custom_device_map))
+        budgets, source = None, "custom device map"
+    else:
+        mm = _dm.parse_max_memory(max_memory)
+        device_map, budgets = _dm.plan_device_map(diffusion_model, mm.budgets, strategy, no_split, mm.allow_disk)
+        source = f"{strategy}, max_memory {mm.describe()}"
+    split = _dm.split_blocks(device_map, _dm.block_names(diffusion_model, no_split))
+    main = _dm.main_device(device_map)
+    gpus = sorted({d for d in device_map.values() if d not in _dm.OFFLOAD_DEVICES}, key=str)
+    if _is_comfy_unet(diffusion_model) and len(gpus) > 1:
+        raise ValueError("ComfyUI's UNet (SD1.x/SDXL) joins skip connections of its blocks in its own forward, so "
+                         f"its blocks cannot run on different GPUs ({', '.join(map(_dm.device_name, gpus))}); use "
+                         "one GPU plus cpu/disk, e.g. cuda:0=6GiB, cpu=32GiB")
+    folder = (offload_folder or "").strip() or folder_paths.get_temp_directory()
+    plan = DeviceMapPlan(device_map, main, folder)
+    clone = _clone_without_dynamic_vram(model)
+    clone.__class__ = _device_map_patcher_class(type(clone))
+    clone.set_attachments(DEVICE_MAP_ATTACHMENT, plan)
+
+    n_cuda = torch.cuda.device_count()
+    missing = [_dm.device_name(d) for d in gpus if isinstance(d, int) and d >= n_cuda]
+    per_device = _dm.bytes_per_device(diffusion_model, device_map)
+    rep = build_report("Balanced Device Map", loaded_models())
+    rep.update({
+        "device_map": dict(device_map),
+        "strategy": None if budgets is None else strategy,
+        "max_memory": None if budgets is None else {_dm.device_name(d): int(b) for d, b in budgets.items()},
+        "no_split_module_classes": no_split,
+        "split_blocks": split,
+        "bytes_per_device": per_device,
+        "main_device": _dm.device_name(main),
+        "offload_folder": folder if "disk" in device_map.values() else None,
+        "missing_devices": missing,
+    })
+    lines = [f"[Balanced Device Map] {source}",
+             "per device: " + ", ".join(f"{d} {_dm.format_bytes(b)}" for d, b in per_device.items()),
+             f"inputs on {_dm.device_name(main)}; blocks kept whole: {', '.join(no_split) or '-'}"]
+    lines += _dm.summarize_device_map(device_map, diffusion_model)
+    if missing:
+        lines.append(f"NOTE: {', '.join(missing)} not on this machine: preview only, sampling will fail")
+    text = "\n".join(lines + ["", format_report(rep)])
+    return clone, rep, text
+# --------------------------------------------------------------------------------------------

@@ -1,0 +1,260 @@
+"""ComfyUI integration: fp8 patcher (see the section comment below)."""
+from __future__ import annotations
+
+import comfy.model_management as mm  # noqa: F401
+
+from .common import loaded_models  # noqa: F401
+
+
+# FP8 Layerwise Cast (issue 4)
+#
+# The float8 tensors belong to the clone: each cast layer becomes a *new* ComfyUI cast-op
+# module (same class as the original, plus the mixin below) holding the float8 weight, its
+# scale and a copy of the bias; the clone carries these modules as object patches. ComfyUI
+# swaps object patches in at ``patch_model`` (before ``load`` moves weights, so only float8
+# bytes ever reach the device, and any later ON_LOAD hook such as group offloading sees and
+# streams float8 tensors) and restores the originals at ``unpatch_model``. The shared
+# nn.Module is never written. LoRA patches (before or after this node) reach the new
+# modules through ComfyUI's ``convert_weight``/``set_weight`` protocol (as core's scaled-fp8
+# ops): at load the LoRA delta is added to the original high-precision weight in float32 and
+# the sum is stored in float8 once.
+# =============================================================================================
+import uuid as _uuid
+from typing import ClassVar
+
+import torch as _torch
+
+from .. import fp8 as _fp8
+
+FP8_ATTACHMENT = "memorykit_fp8"
+# Attributes ComfyUI sets on a loaded module; a new layer starts without them.
+_COMFY_TRANSIENT = {"comfy_cast_weights", "prev_comfy_cast_weights", "weight_function", "bias_function",
+                    "comfy_patched_weights"}
+
+
+class _Fp8CastOp:
+    """Mixin for a ComfyUI cast op (``comfy.ops.*.Linear/ConvNd``) whose weight is float8.
+
+    ``comfy.ops.cast_bias_weight`` moves/casts the weight to the input's device and dtype (and
+    applies ComfyUI's lowvram LoRA ``weight_function``s, which work in the storage domain),
+    then the scale is applied. ``convert_weight``/``set_weight`` follow the contract of core's
+    scaled-fp8 ops (``comfy.ops.scaled_fp8_ops``) so ``ModelPatcher`` can patch LoRA into it.
+    """
+
+    comfy_cast_weights = True
+    # Class-level empty lists, as in comfy.ops.CastWeightBiasOp: ComfyUI assigns per-instance lists.
+    weight_function: ClassVar[list] = []
+    bias_function: ClassVar[list] = []
+
+    def forward(self, *args, **kwargs):
+        import comfy.ops
+        if hasattr(comfy.ops, "run_every_op"):
+            comfy.ops.run_every_op()  # honours ComfyUI's interrupt between ops
+        return self.forward_comfy_cast_weights(*args, **kwargs)
+
+    def forward_comfy_cast_weights(self, input, *args, **kwargs):
+        import comfy.ops
+        if self._mk_fp8_matmul and isinstance(self, _torch.nn.Linear) and _fp8.fp8_matmul_supported(input, self.weight):
+            # Weight stays float8 (moved to the device; lowvram LoRA functions return float8 too).
+            weight, bias, offload_stream = comfy.ops.cast_bias_weight(self, input, dtype=self.weight.dtype,
+                                                                      bias_dtype=input.dtype, offloadable=True)
+            out = _fp8.fp8_linear(input, weight, self.scale_weight, bias)
+            comfy.ops.uncast_bias_weight(self, weight, bias, offload_stream)
+            return out
+        weight, bias, offload_stream = comfy.ops.cast_bias_weight(self, input, offloadable=True)
+        if isinstance(self, _torch.nn.Linear):
+            out = _fp8.scaled_linear(input, weight, self.scale_weight, bias)
+        else:
+            out = self._conv_forward(input, _fp8.scale_weight(weight, self.scale_weight), bias)
+        comfy.ops.uncast_bias_weight(self, weight, bias, offload_stream)
+        return out
+
+    def convert_weight(self, weight, inplace=False, **kwargs):
+        """Storage-domain weight → the real weight a LoRA delta is added to.
+
+        ``inplace=True`` is ModelPatcher's one-off patch at load (``patch_weight_to_device``):
+        return the original high-precision weight, so LoRA + float8 rounds once. Otherwise
+        (core's per-forward lowvram patch, weight already on the compute device) dequantise
+        the given values: no extra host→device transfer per step.
+        """
+        original = self._mk_original[0]  # out of the tree while this layer is in it: holds the unpatched weight
+        with _torch.no_grad():
+            if inplace and original is not None:  # a copy: the caller patches it in place
+                return original.weight.detach().to(device=weight.device, dtype=weight.dtype, copy=True)
+            dtype = weight.dtype if weight.dtype in _fp8.HIGH_PRECISION else _torch.float32
+            return _fp8.dequantize_weight(weight.detach(), self.scale_weight, dtype)
+
+    def set_weight(self, weight, inplace_update=False, seed=None, return_weight=False, **kwargs):
+        """Real weight (float32, LoRA applied) → float8 with this layer's scale."""
+        with _torch.no_grad():
+            q = _fp8.quantize_with_scale(weight.detach(), self.weight.dtype, self.scale_weight)
+        if return_weight:
+            return q
+        if inplace_update:
+            self.weight.data.copy_(q)
+        else:
+            self.weight = _torch.nn.Parameter(q, requires_grad=False)
+
+
+_FP8_CLASSES: dict[type, type] = {}
+
+
+def _fp8_class(cls: type) -> type:
+    if cls not in _FP8_CLASSES:
+        _FP8_CLASSES[cls] = type(f"MemoryKitFp8{cls.__name__}", (_Fp8CastOp, cls), {"__module__": __name__})
+    return _FP8_CLASSES[cls]
+
+
+def _fp8_layer(orig: _torch.nn.Module, q: _torch.Tensor, scale, bias, fp8_matmul: bool = False) -> _torch.nn.Module:
+    """New cast-op module like ``orig`` (same class + :class:`_Fp8CastOp`, same config) holding
+    float8 ``q``, ``scale`` (non-persistent buffer ``scale_weight``) and ``bias`` (a copy).
+    Keeps a reference to ``orig`` (read by ``convert_weight``, never written)."""
+    cls = _fp8_class(type(orig))
+    new = cls.__new__(cls)
+    _torch.nn.Module.__init__(new)
+    fresh = set(new.__dict__)
+    for k, v in orig.__dict__.items():
+        if k not in fresh and k not in _COMFY_TRANSIENT:
+            new.__dict__[k] = v
+    new.training = orig.training
+    new.weight = _torch.nn.Parameter(q, requires_grad=False)
+    if bias is None:
+        new.register_parameter("bias", None)
+    else:
+        new.bias = _torch.nn.Parameter(bias, requires_grad=False)
+    new.register_buffer("scale_weight", scale, persistent=False)
+    new._mk_original = (orig,)  # a tuple: not registered as a submodule
+    new._mk_fp8_matmul = fp8_matmul
+    return new
+
+
+def _unpatched(patcher, module, key: str, param: str, in_tree: bool):
+    """``module.<param>`` without any LoRA another loaded clone patched into the tree
+    (ModelPatcher keeps the original in its shared ``backup``)."""
+    bk = patcher.backup.get(f"{key}.{param}") if in_tree else None
+    return bk.weight if bk is not None else getattr(module, param)
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def model_compute_dtype(model) -> _torch.dtype:
+    """The dtype ComfyUI computes this MODEL in: its manual-cast dtype if set, else its weight dtype."""
+    mc = model.get_model_object("manual_cast_dtype") if hasattr(model.model, "manual_cast_dtype") else None
+    return mc if mc is not None else model.model_dtype()
+
+
+def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtype: str = "auto",
+                       scaling: str = "per-tensor", skip_preset: str = "auto",
+                       extra_skip_patterns: str = "", fp8_matmul: bool = False) -> tuple[object, dict]:
+    """Clone of ``model`` whose diffusion-model layers are stored in float8 while loaded.
+
+    ``storage_dtype``: ``float8_e4m3fn`` / ``float8_e5m2``; ``compute_dtype``: ``auto`` (what
+    ComfyUI already computes this model in) / ``bfloat16`` / ``float16`` / ``float32``;
+    ``scaling``: ``none`` / ``per-tensor`` / ``per-output-channel``; ``skip_preset`` and
+    ``extra_skip_patterns``: see :func:`memorykit.fp8.default_skip_patterns` and
+    :func:`memorykit.fp8.parse_patterns`; ``fp8_matmul``: Linear layers multiply on float8
+    tensor cores (:func:`memorykit.fp8.fp8_linear`; needs float8_e4m3fn). Quantises every
+    cast layer now (on the load device when it is a GPU) and keeps the results on the
+    offload device with the clone (host RAM: about half the bf16 size of the cast layers).
+
+    Returns ``(clone, info)``; ``info``: family, dtypes, scaling, patterns, ``weight_bytes_before``
+    / ``weight_bytes_after`` (the whole model's weights, bytes), ``cast_layers``, ``cast_params``,
+    ``kept_layers`` ([{name, reason}]). Raises ValueError for a bad option or pattern, a device
+    that cannot use the dtypes, a MODEL already cast by this node, or nothing to cast.
+    """
+    import comfy.model_management as cmm
+    import comfy.utils
+
+    if model.get_attachment(FP8_ATTACHMENT) is not None:
+        raise ValueError("This MODEL already went through FP8 Layerwise Cast; use one FP8 Layerwise Cast "
+                         "node per model (connect the loader's MODEL instead).")
+    if storage_dtype not in _fp8.STORAGE_DTYPES:
+        raise ValueError(f"storage_dtype must be one of {list(_fp8.STORAGE_DTYPES)}, got {storage_dtype!r}")
+    if scaling not in _fp8.SCALINGS:
+        raise ValueError(f"scaling must be one of {list(_fp8.SCALINGS)}, got {scaling!r}")
+    storage = _fp8.STORAGE_DTYPES[storage_dtype]
+    current = model_compute_dtype(model)
+    if compute_dtype == "auto":
+        compute = current if current in _fp8.HIGH_PRECISION else _torch.float32
+    elif compute_dtype in _fp8.COMPUTE_DTYPES:
+        compute = _fp8.COMPUTE_DTYPES[compute_dtype]
+    else:
+        raise ValueError(f"compute_dtype must be auto or one of {list(_fp8.COMPUTE_DTYPES)}, got {compute_dtype!r}")
+    device = model.load_device
+    if not cmm.supports_cast(device, storage):
+        raise ValueError(f"ComfyUI cannot use {storage_dtype} weights on {device} (e.g. Apple MPS and DirectML "
+                         "have no float8); leave this model unquantised on this device.")
+    _fp8.check_dtypes(device, storage, compute)
+    if fp8_matmul:
+        if storage != _torch.float8_e4m3fn:
+            raise ValueError("fp8_matmul needs storage_dtype float8_e4m3fn (float8 GEMMs take e4m3 weights).")
+        _fp8.check_fp8_matmul(device)
+
+    n = model.clone()
+    dm = n.model.diffusion_model
+    family = _fp8.detect_family(dm)
+    patterns = _fp8.default_skip_patterns(family, skip_preset) + _fp8.parse_patterns(extra_skip_patterns)
+    prefix = "diffusion_model."
+
+    def original(name, m):
+        key = prefix + name
+        if key in n.object_patches or key in n.object_patches_backup:
+            return n.get_model_object(key)
+        return m
+
+    plan = _fp8.plan_layers(dm, patterns, get_module=original)
+    if not plan.cast:
+        reasons = sorted(set(plan.kept.values()))[:5]
+        raise ValueError(f"FP8 Layerwise Cast: no layer of this {family} model left to cast (kept for: {reasons}). "
+                         "Relax the skip patterns, or load the model unquantised (weight_dtype default).")
+
+    size_before = n.model_size()
+    work = device if getattr(device, "type", "cpu") == "cuda" else None
+    pbar = comfy.utils.ProgressBar(len(plan.cast))
+    saved = cast_params = 0
+    for name in plan.cast:
+        cmm.throw_exception_if_processing_interrupted()  # Cancel stops here; the clone is dropped
+        key = prefix + name
+        in_tree = key not in n.object_patches and key not in n.object_patches_backup
+        orig = original(name, None) if not in_tree else comfy.utils.get_attr(n.model, key)
+        w = _unpatched(n, orig, key, "weight", in_tree)
+        q, s = _fp8.quantize_weight(w, storage, scaling, work_device=work, out_device=n.offload_device)
+        b = _unpatched(n, orig, key, "bias", in_tree)
+        b = None if b is None else b.detach().to(n.offload_device, copy=True)
+        n.add_object_patch(key, _fp8_layer(orig, q, s, b, fp8_matmul))
+        saved += _fp8.param_bytes(w) - _fp8.param_bytes(q)
+        cast_params += w.numel()
+        pbar.update(1)
+
+    if compute != current:
+        n.set_model_compute_dtype(compute)  # core's own switch: inputs and kept layers cast to it
+    n.patches_uuid = _uuid.uuid4()  # weights differ from the input's: make ComfyUI reload, not reuse
+    n.size = size_before - saved    # what load_models_gpu budgets for this model
+    info = {
+        "family": family, "storage_dtype": storage_dtype, "compute_dtype": _dtype_name(compute),
+        "scaling": scaling, "skip_preset": skip_preset, "fp8_matmul": bool(fp8_matmul),
+        "skip_patterns": [p if isinstance(p, str) else p[0] for p in patterns],
+        "weight_bytes_before": int(size_before), "weight_bytes_after": int(n.size),
+        "cast_layers": len(plan.cast), "cast_params": int(cast_params),
+        "kept_layers": [{"name": k, "reason": v} for k, v in plan.kept.items()],
+    }
+    n.set_attachments(FP8_ATTACHMENT, {k: v for k, v in info.items() if k != "kept_layers"} | {"cast": list(plan.cast)})
+    return n, info
+
+
+def format_fp8_info(info: dict, max_kept: int = 12) -> str:
+    """One-screen summary of :func:`fp8_layerwise_cast`'s info (sizes in GiB)."""
+    from .memory import gib
+    before, after = info["weight_bytes_before"], info["weight_bytes_after"]
+    matmul = " (float8 matmul)" if info.get("fp8_matmul") else ""
+    lines = [(f"FP8 Layerwise Cast ({info['family']}): {info['storage_dtype']} storage, "
+              f"{info['compute_dtype']} compute{matmul}, scaling {info['scaling']}"),
+             (f"weights {gib(before)} GiB -> {gib(after)} GiB ({after / max(1, before):.2f}x); "
+              f"{info['cast_layers']} layers cast, {len(info['kept_layers'])} kept:")]
+    for k in info["kept_layers"][:max_kept]:
+        lines.append(f"  {k['name']}: {k['reason']}")
+    if len(info["kept_layers"]) > max_kept:
+        lines.append(f"  ... and {len(info['kept_layers']) - max_kept} more")
+    return "\n".join(lines)
