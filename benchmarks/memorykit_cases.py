@@ -60,7 +60,54 @@ def device_map(cpu_budget: str, disk: bool):
     return prepare
 
 
+def _block_lists(dm):
+    """ComfyUI's block lists (TimestepEmbedSequential elements are the blocks); from the
+    integration package, which needs only comfy's model code (not the node API)."""
+    import importlib
+    return importlib.import_module("memorykit_tech.comfy_integration.offload_patcher").comfy_block_lists(dm)
+
+
+def offload(offload_type: str = "block_level", budget_frac: float | None = None, target: str = "cpu",
+            with_fp8: bool = False):
+    """Group Offload (diffusers hooks under MemoryKit's plan): on a GPU streams to cuda with
+    CUDA-stream prefetch; on a CPU only the disk target means something (onload = cpu).
+    ``budget_frac``: VRAM budget as a fraction of the weights (plus buffers), None = stream all."""
+    def prepare(ctx: Ctx) -> Prepared:
+        off, plan = _tech("offload"), _tech("offload_plan")
+        dm = _build(ctx).diffusion_model
+        handles = []
+        if with_fp8:
+            f8, pats = _tech("fp8"), _tech("fp8_patterns")
+            handles.append(f8.apply_fp8_layerwise(dm, torch.float8_e4m3fn, ctx.dtype, "per-tensor",
+                                                  pats.default_skip_patterns("flux", "auto_fp8_modulation")))
+        gpu = ctx.device.type == "cuda"
+        opts = plan.GroupOffloadOptions(offload_type=offload_type, use_stream=gpu and target == "cpu",
+                                        offload_to=target)
+        lists = _block_lists(dm)
+        budget = None
+        if budget_frac is not None:
+            p0 = plan.plan_offload(dm, opts, None, lists)
+            budget = int(budget_frac * bm.param_bytes(dm)) + p0.buffer_bytes + p0.remainder_bytes
+        h = off.apply_group_offload(dm, ctx.device if gpu else "cpu", "cpu", options=opts, budget_bytes=budget,
+                                    block_lists=lists, disk_folder=ctx.tmpdir, disk_tag="bench")
+        fig = off.offload_figures(h)
+
+        def cleanup():
+            off.remove_group_offload(h)
+            for fh in handles:
+                fh.restore()
+        keep = ("resident_bytes", "streamed_bytes", "buffer_bytes", "footprint_bytes", "pinned_host_bytes", "groups")
+        return Prepared(dm, fig["h2d_bytes_per_forward"], {k: fig.get(k) for k in keep}, cleanup=cleanup)
+    return prepare
+
+
 MEMORYKIT: list[Case] = [
+    Case("mk_offload_block_budget25", "memorykit", offload("block_level", 0.25), CUDA_STREAMS),
+    Case("mk_offload_block_stream_all", "memorykit", offload("block_level"), CUDA_STREAMS),
+    Case("mk_offload_leaf_stream_all", "memorykit", offload("leaf_level"), CUDA_STREAMS),
+    Case("mk_offload_fp8_block_budget25", "memorykit", offload("block_level", 0.25, with_fp8=True), CUDA_STREAMS),
+    Case("mk_offload_disk_block", "memorykit", offload("block_level", target="disk")),
+    Case("mk_offload_fp8_disk_block", "memorykit", offload("block_level", target="disk", with_fp8=True)),
     Case("mk_fp8_e4m3_per_tensor", "memorykit", fp8("auto")),
     Case("mk_fp8_e4m3_per_tensor_fp8_modulation", "memorykit", fp8("auto_fp8_modulation")),
     Case("mk_device_map_cpu_disk_50pct", "memorykit", device_map("0.5", True)),
