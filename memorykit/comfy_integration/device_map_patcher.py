@@ -188,7 +188,7 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     (see :mod:`memorykit.device_map`).
     """
     import folder_paths
-    from .report import build_report, format_report
+    from ..report import build_report, format_report
 
     diffusion_model = model.get_model_object("diffusion_model")
     no_split = _dm.block_classes(diffusion_model)

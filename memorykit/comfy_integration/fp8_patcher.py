@@ -246,7 +246,7 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
 
 def format_fp8_info(info: dict, max_kept: int = 12) -> str:
     """One-screen summary of :func:`fp8_layerwise_cast`'s info (sizes in GiB)."""
-    from .memory import gib
+    from ..memory import gib
     before, after = info["weight_bytes_before"], info["weight_bytes_after"]
     matmul = " (float8 matmul)" if info.get("fp8_matmul") else ""
     lines = [(f"FP8 Layerwise Cast ({info['family']}): {info['storage_dtype']} storage, "

@@ -367,7 +367,7 @@ def group_offload_state_info(base_model) -> dict | None:
 
 def group_offload_ui(label: str, info: dict) -> dict:
     """Node UI output: a Memory Report dict plus ``group_offload`` (and its text)."""
-    from .offload_report import offload_summary
+    from ..offload_report import offload_summary
     rep = _report.build_report(label, loaded_models())
     rep["group_offload"] = info
     return {"memorykit_report": [rep], "text": ["\n".join([_report.format_report(rep)] + offload_summary(info))]}
