@@ -125,6 +125,24 @@ def group_offload_wan21_t2v() -> dict:
     return p
 
 
+def combined_sd15() -> dict:
+    """Every technique in one graph: sharded UNet + CLIP-L → FP8 Layerwise Cast → Group Offload
+    (disk, so it also runs on a CPU) → KSampler → VAE decode → Memory Report → Save."""
+    p = sharded_sd15_txt2img()
+    p["10"] = {"class_type": "MemoryKitFp8LayerwiseCast",
+               "inputs": {"model": ["1", 0], "storage_dtype": "float8_e4m3fn", "compute_dtype": "auto",
+                          "fp8_matmul": False, "scaling": "per-tensor", "skip_preset": "auto", "extra_skip_patterns": ""}}
+    p["11"] = {"class_type": "MemoryKitGroupOffload",
+               "inputs": {"model": ["10", 0], "offload_type": "block_level", "num_blocks_per_group": 1,
+                          "vram_budget_gb": 0.0, "use_stream": True, "record_stream": False,
+                          "low_cpu_mem_usage": False, "offload_to": "disk", "disk_folder": ""}}
+    p["6"]["inputs"]["model"] = ["11", 0]
+    p["12"] = {"class_type": "MemoryKitMemoryReport", "inputs": {"value": ["8", 0], "label": "after decode", "reset_peak": True}}
+    p["9"]["inputs"]["images"] = ["12", 0]
+    p["9"]["inputs"]["filename_prefix"] = "MemoryKit/combined_sd15"
+    return p
+
+
 WORKFLOWS = {
     "memory_report_sd15": sd15_txt2img,
     "fp8_layerwise_sd15": fp8_sd15,
@@ -133,6 +151,7 @@ WORKFLOWS = {
     "free_memory_sd15": free_memory_sd15,
     "sharded_loaders_sd15": sharded_sd15_txt2img,
     "group_offload_wan21_t2v": group_offload_wan21_t2v,
+    "combined_sd15": combined_sd15,
 }
 
 
