@@ -110,5 +110,7 @@ MEMORYKIT: list[Case] = [
     Case("mk_offload_fp8_disk_block", "memorykit", offload("block_level", target="disk", with_fp8=True)),
     Case("mk_fp8_e4m3_per_tensor", "memorykit", fp8("auto")),
     Case("mk_fp8_e4m3_per_tensor_fp8_modulation", "memorykit", fp8("auto_fp8_modulation")),
+    Case("mk_fp8_e4m3_fp8_matmul", "memorykit", fp8("auto_fp8_modulation", fp8_matmul=True),
+         "needs CUDA sm_89+: float8 matmul (torch._scaled_mm)"),
     Case("mk_device_map_cpu_disk_50pct", "memorykit", device_map("0.5", True)),
 ]

@@ -43,3 +43,17 @@ def server(fixture_models):
 @pytest.fixture(scope="session")
 def object_info(server) -> dict:
     return server.object_info()
+
+
+@pytest.fixture(scope="module")
+def fp8(comfy):
+    """The pack's ``memorykit.fp8`` technique module (imported through the pack)."""
+    from comfyui_memorykit.memorykit import fp8 as mod
+    return mod
+
+
+@pytest.fixture(scope="module")
+def ci(comfy):
+    """The pack's ``memorykit.comfy_integration`` package (imported through the pack)."""
+    from comfyui_memorykit.memorykit import comfy_integration as mod
+    return mod

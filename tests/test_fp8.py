@@ -9,17 +9,6 @@ from harness.fp8_checks import cast, rel
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
-@pytest.fixture(scope="module")
-def fp8(comfy):
-    from comfyui_memorykit.memorykit import fp8 as mod
-    return mod
-
-
-@pytest.fixture(scope="module")
-def ci(comfy):
-    from comfyui_memorykit.memorykit import comfy_integration as mod
-    return mod
-
 
 # ---------------------------------------------------------------------------------------------
 # Technique layer (plain torch)

@@ -23,17 +23,6 @@ from harness.fp8_checks import (
 E4M3 = torch.float8_e4m3fn
 
 
-@pytest.fixture(scope="module")
-def fp8(comfy):
-    from comfyui_memorykit.memorykit import fp8 as mod
-    return mod
-
-
-@pytest.fixture(scope="module")
-def ci(comfy):
-    from comfyui_memorykit.memorykit import comfy_integration as mod
-    return mod
-
 
 # ---------------------------------------------------------------------------------------------
 # Integration: Flux-shaped fixture (hidden 3072, 1 double + 1 single block, fp32 on CPU)
