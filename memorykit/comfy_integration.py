@@ -31,3 +31,231 @@ def loaded_models() -> list[dict]:
             "on_gpu_bytes": loaded if getattr(load_device, "type", "cpu") != "cpu" else 0,
         })
     return out
+
+
+# =============================================================================================
+# Tiled VAE (issue 5): ComfyUI's VAE object (comfy.sd.VAE) → memorykit.tiled_vae
+# =============================================================================================
+import math as _math  # noqa: E402
+import time as _time  # noqa: E402
+from dataclasses import dataclass as _dataclass  # noqa: E402
+
+import torch as _torch  # noqa: E402
+
+from . import tiled_vae as _tv  # noqa: E402
+from .norm_stats import SharedGroupNormStats as _NormStats  # noqa: E402
+
+
+@_dataclass
+class TiledVAEOptions:
+    """Node options. Sizes in pixels/frames; ``memory_budget_gb`` in GiB (0 = free memory)."""
+
+    tile_px: int = 512
+    overlap_px: int = 64
+    temporal_size: int = 64
+    temporal_overlap: int = 8
+    memory_budget_gb: float = 0.0
+    shared_norm_stats: bool = True
+    global_context: bool = True
+
+
+def vae_shape(vae) -> _tv.VAEShape:
+    """Geometry of a ``comfy.sd.VAE`` for tiling. Raises ValueError for VAEs this node does not
+    tile (1-D audio latents, latents with an extra 1-D channel, unknown time mappings)."""
+    vae.throw_exception_if_invalid()
+    if vae.latent_dim not in (2, 3) or vae.extra_1d_channel is not None:
+        raise ValueError(f"Tiled VAE handles image and video VAEs; {type(vae.first_stage_model).__name__} has "
+                         f"{vae.latent_dim}-D latents: use ComfyUI's VAE Decode/Encode for it")
+    spatial = int(vae.spacial_compression_decode())
+    if vae.latent_dim == 2:
+        return _tv.VAEShape(int(vae.latent_channels), spatial)
+    k = int(vae.upscale_index_formula[0]) if vae.upscale_index_formula else vae.temporal_compression_decode()
+    up = vae.upscale_ratio[0]
+    if all(up(n) == k * (n - 1) + 1 for n in (1, 2, 3)):
+        causal = True
+    elif all(up(n) == k * n for n in (1, 2, 3)):
+        causal = False
+    else:
+        raise ValueError(f"{type(vae.first_stage_model).__name__}: unsupported time mapping "
+                         f"({[up(n) for n in (1, 2, 3)]} frames for 1..3 latent frames)")
+    import comfy.ldm.wan.vae as wan21
+    import comfy.ldm.wan.vae2_2 as wan22
+    time_cache = isinstance(vae.first_stage_model, (wan21.WanVAE, wan22.WanVAE))
+    return _tv.VAEShape(int(vae.latent_channels), spatial, k, causal, time_cache)
+
+
+def _decode_heads(model) -> list[tuple[_torch.nn.Module, int, str]]:
+    """Split points of decoders known to work with a global head, deepest first:
+    ``(module, scale vs latent grid, name)``. Empty for other VAEs (plain tiling)."""
+    from comfy.ldm.modules.diffusionmodules.model import Decoder
+    import comfy.ldm.wan.vae as wan21
+    dec = getattr(model, "decoder", None)
+    if type(dec) is Decoder and not dec.give_pre_end:
+        top = dec.num_resolutions - 1
+        heads = [(dec.up[top].upsample, 2, f"decoder.up.{top}.upsample")] if top > 0 else []
+        return heads + [(dec.mid.block_2, 1, "decoder.mid.block_2")]
+    if type(dec) is wan21.Decoder3d:
+        ups = [i for i, m in enumerate(dec.upsamples) if isinstance(m, wan21.Resample) and m.mode.startswith("upsample")]
+        heads = [(dec.upsamples[ups[0]], 2, f"decoder.upsamples.{ups[0]}")] if ups else []
+        return heads + [(dec.middle[-1], 1, f"decoder.middle.{len(dec.middle) - 1}")]
+    return []
+
+
+def _encode_tail(model) -> tuple[_torch.nn.Module, str] | None:
+    """First module of a known encoder that runs at the latent resolution (its input is on the
+    latent grid), or None (plain tiling)."""
+    from comfy.ldm.modules.diffusionmodules.model import Encoder
+    import comfy.ldm.wan.vae as wan21
+    enc = getattr(model, "encoder", None)
+    if type(enc) is Encoder:
+        top = enc.num_resolutions - 1
+        if enc.num_res_blocks > 0:
+            return enc.down[top].block[0], f"encoder.down.{top}.block.0"
+        return enc.mid.block_1, "encoder.mid.block_1"
+    if type(enc) is wan21.Encoder3d:
+        downs = [i for i, m in enumerate(enc.downsamples) if isinstance(m, wan21.Resample)]
+        i = downs[-1] + 1 if downs else len(enc.downsamples)
+        if i < len(enc.downsamples):
+            return enc.downsamples[i], f"encoder.downsamples.{i}"
+        return enc.middle[0], "encoder.middle.0"
+    return None
+
+
+def _head_bytes(module: _torch.nn.Module, scale: int, grid_hw, dtype) -> float:
+    """Modelled peak of the head pass: 10 activations of the module's width at its resolution."""
+    ch = max((p.shape[0] for p in module.parameters() if p.ndim >= 2), default=512)
+    return 10.0 * ch * grid_hw[0] * grid_hw[1] * scale * scale * mm.dtype_size(dtype)
+
+
+def _tile_cost(vae, direction: str, fn, make_probe, per_unit_model) -> _tv.TileCost:
+    """Tile memory: measured with two probe tiles on CUDA, else ComfyUI's own per-VAE model."""
+    if _torch.device(vae.device).type == "cuda":
+        return _tv.measure_tile_cost(fn, make_probe, vae.device)
+    return _tv.TileCost(0.0, per_unit_model, "modelled")
+
+
+def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_model, tail_dummy=None):
+    """Shared body of :func:`tiled_vae_decode` / :func:`tiled_vae_encode` (``x`` channel-first)."""
+    import comfy.utils
+    shape = vae_shape(vae)
+    _tv.check_tile_args(opts.tile_px, opts.overlap_px, opts.temporal_size, opts.temporal_overlap)
+    dims = tuple(x.shape[2:])
+    plan = _tv.make_plan(shape, direction, dims, opts.tile_px, opts.overlap_px, opts.temporal_size, opts.temporal_overlap)
+    s, frames = shape.spatial_factor, plan.tile_shape[0] if shape.video else 1
+    grid_hw = plan.grid_shape[-2:]
+    weights = vae.model_size() if _torch.device(vae.device).type != "cpu" else 0
+    if opts.memory_budget_gb > 0:
+        budget, budget_source = opts.memory_budget_gb * 2 ** 30 - weights, "given"
+        if budget <= 0:
+            raise ValueError(f"memory_budget_gb {opts.memory_budget_gb} GiB does not even hold the VAE's weights "
+                             f"({weights / 2 ** 30:.2f} GiB); raise it or set 0 (free memory)")
+    else:
+        loaded = vae.patcher.loaded_size() if _torch.device(vae.device).type != "cpu" else 0
+        budget, budget_source = 0.9 * mm.get_free_memory(vae.device) - (weights - loaded), "free memory"
+    lead = tuple(a.amap.in_span(0, a.length)[1] for a in plan.axes[:-2])  # a tile's frames (input units)
+    if direction == "decode":
+        make_probe = lambda t: _torch.randn((1, shape.latent_channels) + lead + (t, t))  # noqa: E731
+    else:
+        make_probe = lambda t: _torch.rand((1, 3) + lead + (t * s, t * s))  # noqa: E731
+    cost = _tile_cost(vae, direction, fn, make_probe, cost_model(frames, s))
+    overlap_g = opts.overlap_px // s
+    t = _tv.fit_tile(grid_hw, cost, budget, max(1, opts.tile_px // s), overlap_g + 1)
+    if t is None:
+        raise ValueError(f"memory budget ({budget / 2 ** 30:.2f} GiB after the VAE's weights, {budget_source}) is too small "
+                         f"for the smallest tile ({(overlap_g + 1) * s} px, about "
+                         f"{cost.bytes_for((overlap_g + 1) ** 2) / 2 ** 30:.2f} GiB): raise memory_budget_gb or lower overlap")
+    if t * s < opts.tile_px:
+        plan = _tv.make_plan(shape, direction, dims, t * s, opts.overlap_px, opts.temporal_size, opts.temporal_overlap)
+    tile_bytes = cost.bytes_for(plan.tile_shape[-1] * plan.tile_shape[-2])
+    head = tail = None
+    if opts.global_context and plan.num_tiles > 1 and not (shape.video and len(plan.axes[0].starts) > 1):
+        if direction == "decode":
+            for module, scale, name in _decode_heads(vae.first_stage_model):
+                if _head_bytes(module, scale, grid_hw, vae.vae_dtype) <= budget:
+                    head = (module, scale, name)
+                    break
+        else:
+            tail = _encode_tail(vae.first_stage_model)
+    norm = _NormStats(vae.first_stage_model) if opts.shared_norm_stats else None
+    mm.load_models_gpu([vae.patcher], memory_required=tile_bytes, force_full_load=vae.disable_offload)
+    pbar = comfy.utils.ProgressBar(_tv.steps_for(plan, x.shape[0], bool(norm and norm.available), bool(head), bool(tail)))
+
+    def on_step():
+        pbar.update(1)
+        mm.throw_exception_if_processing_interrupted()
+
+    t0 = _time.perf_counter()
+    out = _tv.run_tiled(x, fn, plan, norm_stats=norm, head_module=head[0] if head else None,
+                        head_scale=head[1] if head else 1, tail_module=tail[0] if tail else None,
+                        tail_dummy=tail_dummy, on_step=on_step, output_device=vae.output_device)
+    info = {
+        "direction": direction, "vae": type(vae.first_stage_model).__name__,
+        "input_shape": list(x.shape), "output_shape": list(out.shape), "items": int(x.shape[0]),
+        "tile_px": plan.tile_shape[-1] * s if plan.num_tiles > 1 else None, "overlap_px": opts.overlap_px,
+        "plan": plan.describe(), "tiles_per_item": plan.num_tiles,
+        "time": ("none" if not shape.video else "whole length per tile (causal cache carried by the VAE)"
+                 if shape.time_cache else f"tiles of {plan.tile_shape[0]} latent frames"),
+        "shared_norm_stats": bool(norm and norm.available and plan.num_tiles > 1),
+        "global_context": (head[2] if head else tail[1] if tail else "off"),
+        "memory_budget_bytes": int(max(0, budget)), "budget_source": budget_source,
+        "tile_bytes_estimate": int(tile_bytes), "cost_source": cost.source, "seconds": round(_time.perf_counter() - t0, 3),
+    }
+    return out, info
+
+
+def tiled_vae_decode(vae, samples: _torch.Tensor, opts: TiledVAEOptions) -> tuple[_torch.Tensor, dict]:
+    """Decode a LATENT tensor (``[B, C, H, W]``, video ``[B, C, T, H, W]``) tile by tile.
+
+    Returns (IMAGE ``[N, H·s, W·s, 3]`` float32 on ComfyUI's intermediate device — video frames
+    of all items concatenated as VAEDecode does — and the plan/info dict). Raises ValueError
+    before any decoding on a latent that does not fit the VAE or on bad sizes.
+    """
+    shape = vae_shape(vae)
+    want = 5 if shape.video else 4
+    if samples.ndim != want:
+        raise ValueError(f"LATENT has shape {tuple(samples.shape)}; this VAE ({type(vae.first_stage_model).__name__}) "
+                         f"decodes {'[B, C, T, H, W] video' if shape.video else '[B, C, H, W] image'} latents")
+    if samples.shape[1] != shape.latent_channels:
+        raise ValueError(f"LATENT has {samples.shape[1]} channels but this VAE ({type(vae.first_stage_model).__name__}) "
+                         f"expects {shape.latent_channels}: is it the VAE of the model that made the latent?")
+    model, dtype, device, out_dev = vae.first_stage_model, vae.vae_dtype, vae.device, vae.output_device
+
+    def fn(z):
+        return model.decode(z.to(dtype).to(device)).to(out_dev).float()
+
+    def cost_model(frames, s):
+        dims = (1, shape.latent_channels) + ((frames,) if shape.video else ()) + (16, 16)
+        return vae.memory_used_decode(dims, dtype) / 256.0
+
+    out, info = _run(vae, "decode", samples, fn, opts, cost_model)
+    images = vae.process_output(out).movedim(1, -1)
+    if images.ndim == 5:
+        images = images.reshape((-1,) + tuple(images.shape[-3:]))
+    return images, info
+
+
+def tiled_vae_encode(vae, pixels: _torch.Tensor, opts: TiledVAEOptions) -> tuple[_torch.Tensor, dict]:
+    """Encode an IMAGE (``[B, H, W, C≥3]``; for a video VAE the batch is the frames) tile by tile.
+
+    Pixels are centre-cropped to a multiple of the VAE's compression as VAEEncode does.
+    Returns (LATENT samples, info dict). Raises ValueError before any encoding on bad input.
+    """
+    shape = vae_shape(vae)
+    if pixels.ndim != 4 or pixels.shape[-1] < 3:
+        raise ValueError(f"IMAGE has shape {tuple(pixels.shape)}; expected [batch, height, width, 3]")
+    s = shape.spatial_factor
+    if pixels.shape[1] < s or pixels.shape[2] < s:
+        raise ValueError(f"IMAGE of {pixels.shape[2]}x{pixels.shape[1]} px is smaller than one latent pixel ({s}x{s} px)")
+    x = vae.vae_encode_crop_pixels(pixels[..., :3]).movedim(-1, 1)
+    if shape.video:
+        x = x.unsqueeze(2) if vae.not_video else x.movedim(1, 0).unsqueeze(0)
+    model, dtype, device, out_dev = vae.first_stage_model, vae.vae_dtype, vae.device, vae.output_device
+
+    def fn(px):
+        return model.encode(vae.process_input(px).to(dtype).to(device)).to(out_dev).float()
+
+    def cost_model(frames, s_):
+        lead = (shape.time_factor * (frames - 1) + 1,) if shape.video else ()
+        return vae.memory_used_encode((1, 3) + lead + (16 * s_, 16 * s_), dtype) / 256.0
+
+    return _run(vae, "encode", x, fn, opts, cost_model, tail_dummy=lambda xb: xb[..., :s, :s])
