@@ -36,7 +36,6 @@ def loaded_models() -> list[dict]:
 # =============================================================================================
 # Tiled VAE (issue 5): ComfyUI's VAE object (comfy.sd.VAE) → memorykit.tiled_vae
 # =============================================================================================
-import math as _math  # noqa: E402
 import time as _time  # noqa: E402
 from dataclasses import dataclass as _dataclass  # noqa: E402
 
@@ -127,57 +126,54 @@ def _head_bytes(module: _torch.nn.Module, scale: int, grid_hw, dtype) -> float:
     return 10.0 * ch * grid_hw[0] * grid_hw[1] * scale * scale * mm.dtype_size(dtype)
 
 
-def _tile_cost(vae, direction: str, fn, make_probe, per_unit_model) -> _tv.TileCost:
-    """Tile memory: measured with two probe tiles on CUDA, else ComfyUI's own per-VAE model."""
-    if _torch.device(vae.device).type == "cuda":
-        return _tv.measure_tile_cost(fn, make_probe, vae.device)
-    return _tv.TileCost(0.0, per_unit_model, "modelled")
-
-
 def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_model, tail_dummy=None):
-    """Shared body of :func:`tiled_vae_decode` / :func:`tiled_vae_encode` (``x`` channel-first)."""
+    """Shared body of :func:`tiled_vae_decode` / :func:`tiled_vae_encode` (``x`` channel-first).
+
+    Order: validate and plan (errors before any work) → load the VAE through ComfyUI's memory
+    manager asking for the memory of ONE tile → tile cost (measured on CUDA, else modelled)
+    → largest tile within the budget → run.
+    """
     import comfy.utils
     shape = vae_shape(vae)
-    _tv.check_tile_args(opts.tile_px, opts.overlap_px, opts.temporal_size, opts.temporal_overlap)
     dims = tuple(x.shape[2:])
-    plan = _tv.make_plan(shape, direction, dims, opts.tile_px, opts.overlap_px, opts.temporal_size, opts.temporal_overlap)
-    s, frames = shape.spatial_factor, plan.tile_shape[0] if shape.video else 1
-    grid_hw = plan.grid_shape[-2:]
-    weights = vae.model_size() if _torch.device(vae.device).type != "cpu" else 0
+    args = (opts.temporal_size, opts.temporal_overlap)
+    plan = _tv.make_plan(shape, direction, dims, opts.tile_px, opts.overlap_px, *args)
+    s = shape.spatial_factor
+    on_gpu = _torch.device(vae.device).type != "cpu"
+    weights = vae.model_size() if on_gpu else 0
+    if opts.memory_budget_gb > 0 and opts.memory_budget_gb * 2 ** 30 <= weights:
+        raise ValueError(f"memory_budget_gb {opts.memory_budget_gb} GiB does not even hold the VAE's weights "
+                         f"({weights / 2 ** 30:.2f} GiB); raise it or set 0 (use the free memory)")
+    modelled = _tv.TileCost(0.0, cost_model(plan.tile_shape[0] if shape.video else 1, s), "modelled")
+    units = lambda p: p.tile_shape[-1] * p.tile_shape[-2]  # noqa: E731
+    mm.load_models_gpu([vae.patcher], memory_required=modelled.bytes_for(units(plan)), force_full_load=vae.disable_offload)
     if opts.memory_budget_gb > 0:
-        budget, budget_source = opts.memory_budget_gb * 2 ** 30 - weights, "given"
-        if budget <= 0:
-            raise ValueError(f"memory_budget_gb {opts.memory_budget_gb} GiB does not even hold the VAE's weights "
-                             f"({weights / 2 ** 30:.2f} GiB); raise it or set 0 (free memory)")
+        budget, budget_source = opts.memory_budget_gb * 2 ** 30 - weights, "memory_budget_gb"
     else:
-        loaded = vae.patcher.loaded_size() if _torch.device(vae.device).type != "cpu" else 0
-        budget, budget_source = 0.9 * mm.get_free_memory(vae.device) - (weights - loaded), "free memory"
-    lead = tuple(a.amap.in_span(0, a.length)[1] for a in plan.axes[:-2])  # a tile's frames (input units)
-    if direction == "decode":
-        make_probe = lambda t: _torch.randn((1, shape.latent_channels) + lead + (t, t))  # noqa: E731
-    else:
-        make_probe = lambda t: _torch.rand((1, 3) + lead + (t * s, t * s))  # noqa: E731
-    cost = _tile_cost(vae, direction, fn, make_probe, cost_model(frames, s))
-    overlap_g = opts.overlap_px // s
-    t = _tv.fit_tile(grid_hw, cost, budget, max(1, opts.tile_px // s), overlap_g + 1)
+        budget, budget_source = 0.9 * mm.get_free_memory(vae.device), "free memory"
+    cost = modelled
+    if _torch.device(vae.device).type == "cuda":
+        lead = tuple(a.amap.in_span(0, a.length)[1] for a in plan.axes[:-2])  # a tile's frames (input units)
+        ch = shape.latent_channels if direction == "decode" else 3
+        k = 1 if direction == "decode" else s
+        cost = _tv.measure_tile_cost(fn, lambda t: _torch.rand((1, ch) + lead + (t * k, t * k)), vae.device)
+    grid_hw = plan.grid_shape[-2:]
+    min_tile = opts.overlap_px // s + 1
+    t = _tv.fit_tile(grid_hw, cost, budget, max(1, opts.tile_px // s), min_tile)
     if t is None:
-        raise ValueError(f"memory budget ({budget / 2 ** 30:.2f} GiB after the VAE's weights, {budget_source}) is too small "
-                         f"for the smallest tile ({(overlap_g + 1) * s} px, about "
-                         f"{cost.bytes_for((overlap_g + 1) ** 2) / 2 ** 30:.2f} GiB): raise memory_budget_gb or lower overlap")
-    if t * s < opts.tile_px:
-        plan = _tv.make_plan(shape, direction, dims, t * s, opts.overlap_px, opts.temporal_size, opts.temporal_overlap)
-    tile_bytes = cost.bytes_for(plan.tile_shape[-1] * plan.tile_shape[-2])
+        raise ValueError(f"memory budget ({budget / 2 ** 30:.2f} GiB besides the VAE's weights, from {budget_source}) is "
+                         f"too small for the smallest tile ({min_tile * s} px, about "
+                         f"{cost.bytes_for(min_tile ** 2) / 2 ** 30:.2f} GiB): raise memory_budget_gb or lower overlap")
+    if t * s < opts.tile_px and t < max(grid_hw):
+        plan = _tv.make_plan(shape, direction, dims, t * s, opts.overlap_px, *args)
     head = tail = None
     if opts.global_context and plan.num_tiles > 1 and not (shape.video and len(plan.axes[0].starts) > 1):
         if direction == "decode":
-            for module, scale, name in _decode_heads(vae.first_stage_model):
-                if _head_bytes(module, scale, grid_hw, vae.vae_dtype) <= budget:
-                    head = (module, scale, name)
-                    break
+            heads = _decode_heads(vae.first_stage_model)
+            head = next((h for h in heads if _head_bytes(h[0], h[1], grid_hw, vae.vae_dtype) <= budget), None)
         else:
             tail = _encode_tail(vae.first_stage_model)
     norm = _NormStats(vae.first_stage_model) if opts.shared_norm_stats else None
-    mm.load_models_gpu([vae.patcher], memory_required=tile_bytes, force_full_load=vae.disable_offload)
     pbar = comfy.utils.ProgressBar(_tv.steps_for(plan, x.shape[0], bool(norm and norm.available), bool(head), bool(tail)))
 
     def on_step():
@@ -191,14 +187,15 @@ def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_
     info = {
         "direction": direction, "vae": type(vae.first_stage_model).__name__,
         "input_shape": list(x.shape), "output_shape": list(out.shape), "items": int(x.shape[0]),
-        "tile_px": plan.tile_shape[-1] * s if plan.num_tiles > 1 else None, "overlap_px": opts.overlap_px,
+        "tile_px": plan.tile_shape[-1] * s, "overlap_px": opts.overlap_px,
         "plan": plan.describe(), "tiles_per_item": plan.num_tiles,
         "time": ("none" if not shape.video else "whole length per tile (causal cache carried by the VAE)"
                  if shape.time_cache else f"tiles of {plan.tile_shape[0]} latent frames"),
         "shared_norm_stats": bool(norm and norm.available and plan.num_tiles > 1),
         "global_context": (head[2] if head else tail[1] if tail else "off"),
         "memory_budget_bytes": int(max(0, budget)), "budget_source": budget_source,
-        "tile_bytes_estimate": int(tile_bytes), "cost_source": cost.source, "seconds": round(_time.perf_counter() - t0, 3),
+        "tile_bytes_estimate": int(cost.bytes_for(units(plan))), "cost_source": cost.source,
+        "seconds": round(_time.perf_counter() - t0, 3),
     }
     return out, info
 

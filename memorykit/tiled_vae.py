@@ -300,3 +300,17 @@ def fit_tile(grid_hw: tuple[int, int], cost: TileCost, budget_bytes: float,
         if cost.bytes_for(min(t, grid_hw[0]) * min(t, grid_hw[1])) <= budget_bytes:
             return t
     return None
+
+
+def format_info(info: dict) -> str:
+    """One-screen summary of the info dict the ComfyUI integration returns (figures in GiB)."""
+    p = info["plan"]
+    gib = 2 ** 30
+    lines = [f"Tiled VAE {info['direction']}: {info['items']} item(s) × {info['tiles_per_item']} tile(s) "
+             f"({' × '.join(map(str, p['tiles_per_axis']))}), tile {info['tile_px']} px, overlap {info['overlap_px']} px",
+             f"latent grid {p['grid_shape']}, tile {p['tile_shape']} latent units; time: {info['time']}",
+             f"shared GroupNorm stats: {'on' if info['shared_norm_stats'] else 'off'}; "
+             f"global context: {info['global_context']}",
+             f"budget {info['memory_budget_bytes'] / gib:.2f} GiB ({info['budget_source']}), tile ≈ "
+             f"{info['tile_bytes_estimate'] / gib:.3f} GiB ({info['cost_source']}); {info['seconds']} s"]
+    return "\n".join(lines)

@@ -2,6 +2,7 @@
 from comfy_api.latest import ComfyExtension, io
 
 from .report import MemoryReport
+from .tiled_vae import TiledVAEDecode, TiledVAEEncode
 
 CATEGORY = "MemoryKit"
 
@@ -10,4 +11,4 @@ class MemoryKitExtension(ComfyExtension):
     """Registers every MemoryKit node with ComfyUI."""
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [MemoryReport]
+        return [MemoryReport, TiledVAEDecode, TiledVAEEncode]

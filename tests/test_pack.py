@@ -10,7 +10,7 @@ from harness import paths
 
 # Every node the pack ships; a node missing from /object_info means the pack failed to load
 # (ComfyUI only logs a failed import, so this list is the check).
-EXPECTED_NODES = {"MemoryKitMemoryReport"}
+EXPECTED_NODES = {"MemoryKitMemoryReport", "MemoryKitTiledVAEDecode", "MemoryKitTiledVAEEncode"}
 
 
 def pack_node_ids(object_info: dict) -> set[str]:
