@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .norm_stats import downsample_for_stats
+from .norm_stats import channel_stats, downsample_for_stats
 
 
 def _crop(t: torch.Tensor, hs: slice, ws: slice) -> torch.Tensor:
@@ -58,6 +58,7 @@ class GlobalHead:
         self.scale = int(scale)
         self.store_device = store_device
         self.outputs: list[torch.Tensor] = []
+        self.stats: list[tuple[torch.Tensor, ...]] = []
         self.calls = _Calls()
 
     @contextlib.contextmanager
@@ -73,13 +74,15 @@ class GlobalHead:
         """Call ``run()`` (the tile function on the whole input) once, keeping every output of
         ``module``; the rest of the forward continues on a 1×1 crop and its result is dropped.
         Raises RuntimeError when the output is not on the ``grid_hw`` latent grid."""
-        self.outputs = []
+        self.outputs, self.stats = [], []
         grid_hw = tuple(n * self.scale for n in grid_hw)
 
         def keep(k, out):
             if tuple(out.shape[-2:]) != grid_hw:
                 raise RuntimeError(f"global context: {type(self.module).__name__} returned {tuple(out.shape)}, "
                                    f"expected the latent grid {tuple(grid_hw)} in its last two dims")
+            flat = out.detach().reshape((-1,) + tuple(out.shape[-3:]))
+            self.stats.append(channel_stats(flat, per_sample=True))  # where it was computed: fast
             self.outputs.append(out.detach().to(self.store_device or out.device))
             return out[..., :1, :1]
 
@@ -91,9 +94,10 @@ class GlobalHead:
         hw = tuple(n * self.scale for n in hw)
 
         def give(k, out):
-            g = self.outputs[min(k, len(self.outputs) - 1)]
+            k = min(k, len(self.outputs) - 1)
+            g = self.outputs[k]
             lead = g.shape[:-2]
-            g = downsample_for_stats(g.reshape((-1,) + tuple(g.shape[-3:])), hw, per_sample=True)
+            g = downsample_for_stats(g.reshape((-1,) + tuple(g.shape[-3:])), hw, per_sample=True, stats=self.stats[k])
             return g.reshape(tuple(lead) + hw).to(device=out.device, dtype=out.dtype)
         return self._hook(give)
 

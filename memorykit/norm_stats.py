@@ -117,22 +117,31 @@ def group_norm_with_stats(x: torch.Tensor, norm: nn.GroupNorm, mean: torch.Tenso
     return torch.addcmul(shift.to(x.dtype).reshape(view), x, a.to(x.dtype).reshape(view))
 
 
-def downsample_for_stats(x: torch.Tensor, size: tuple[int, ...], per_sample: bool = False) -> torch.Tensor:
+def channel_stats(x: torch.Tensor, per_sample: bool = False) -> tuple[torch.Tensor, ...]:
+    """Per-channel (``per_sample``: per sample and channel) ``(std, mean, min, max)`` of ``x``
+    (``[B, C, *dims]``) in float32, shaped to broadcast against ``x``."""
+    dims = ([] if per_sample else [0]) + list(range(2, x.ndim))
+    xf = x if x.dtype == torch.float32 else x.float()
+    std, mean = torch.std_mean(xf, dim=dims, keepdim=True, correction=0)
+    return std, mean, xf.amin(dim=dims, keepdim=True), xf.amax(dim=dims, keepdim=True)
+
+
+def downsample_for_stats(x: torch.Tensor, size: tuple[int, ...], per_sample: bool = False,
+                         stats: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
     """``x`` (``[B, C, *dims]``) resized to ``size`` (one entry per dim) for the statistics pre-pass.
 
     Nearest-exact resampling (keeps the values' distribution, unlike averaging, which shrinks
     the variance of noisy latents), then each channel's mean and std are set back to the
     original's and values clamped to the original's range (Kahsolt's distribution-shift fix in
     pkuliyi2015's Tiled VAE). ``per_sample``: statistics per sample and channel (else per
-    channel over the batch). Statistics are computed in float32; returns ``x``'s dtype.
+    channel over the batch); ``stats``: :func:`channel_stats` of ``x`` if already known (saves
+    a pass over a large ``x``). Computed in float32; returns ``x``'s dtype.
     """
     if tuple(x.shape[2:]) == tuple(size):
         return x
-    dims = ([] if per_sample else [0]) + list(range(2, x.ndim))
-    xf = x if x.dtype == torch.float32 else x.float()
-    std_old, mean_old = torch.std_mean(xf, dim=dims, keepdim=True, correction=0)
-    small = F.interpolate(xf, size=tuple(size), mode="nearest-exact")
-    std_new, mean_new = torch.std_mean(small, dim=dims, keepdim=True, correction=0)
-    small = (small - mean_new) / std_new.clamp_min(1e-6) * std_old + mean_old
-    small = torch.minimum(torch.maximum(small, xf.amin(dim=dims, keepdim=True)), xf.amax(dim=dims, keepdim=True))
+    std_old, mean_old, lo, hi = stats if stats is not None else channel_stats(x, per_sample)
+    small = F.interpolate(x, size=tuple(size), mode="nearest-exact").float()
+    std_new, mean_new, _, _ = channel_stats(small, per_sample)
+    small = (small - mean_new) / std_new.clamp_min(1e-6) * std_old.to(small.device) + mean_old.to(small.device)
+    small = torch.minimum(torch.maximum(small, lo.to(small.device)), hi.to(small.device))
     return small.to(x.dtype)

@@ -58,9 +58,34 @@ def wan21_t2v() -> dict:
     }
 
 
+def _tiled_decode(samples: list, vae: list, tile: int, overlap: int) -> dict:
+    return {"class_type": "MemoryKitTiledVAEDecode",
+            "inputs": {"samples": samples, "vae": vae, "tile_size": tile, "overlap": overlap, "temporal_size": 64,
+                       "temporal_overlap": 8, "memory_budget_gb": 0.0, "shared_norm_stats": True,
+                       "global_context": True}}
+
+
+def tiled_vae_sd15() -> dict:
+    """SD1.5 txt2img at 256² ending in Tiled VAE Decode with small (128 px) tiles: 3×3 tiles."""
+    p = sd15_txt2img()
+    p["7"] = _tiled_decode(["6", 0], ["1", 2], 128, 32)
+    p["9"]["inputs"]["filename_prefix"] = "MemoryKit/sd15_tiled_vae"
+    return p
+
+
+def tiled_vae_wan21_t2v() -> dict:
+    """Wan 2.1 t2v, 9 frames at 128², decoded by Tiled VAE Decode with 64 px tiles (time stays whole)."""
+    p = wan21_t2v()
+    p["9"] = _tiled_decode(["7", 0], ["8", 0], 64, 16)
+    p["11"]["inputs"]["filename_prefix"] = "MemoryKit/wan21_tiled_vae"
+    return p
+
+
 WORKFLOWS = {
     "memory_report_sd15": sd15_txt2img,
     "memory_report_wan21_t2v": wan21_t2v,
+    "tiled_vae_sd15": tiled_vae_sd15,
+    "tiled_vae_wan21_t2v": tiled_vae_wan21_t2v,
 }
 
 
