@@ -86,8 +86,8 @@ def vae_shape(vae) -> _tv.VAEShape:
 def _decode_heads(model) -> list[tuple[_torch.nn.Module, int, str]]:
     """Split points of decoders known to work with a global head, deepest first:
     ``(module, scale vs latent grid, name)``. Empty for other VAEs (plain tiling)."""
-    from comfy.ldm.modules.diffusionmodules.model import Decoder
     import comfy.ldm.wan.vae as wan21
+    from comfy.ldm.modules.diffusionmodules.model import Decoder
     dec = getattr(model, "decoder", None)
     if type(dec) is Decoder and not dec.give_pre_end:
         top = dec.num_resolutions - 1
@@ -103,8 +103,8 @@ def _decode_heads(model) -> list[tuple[_torch.nn.Module, int, str]]:
 def _encode_tail(model) -> tuple[_torch.nn.Module, str] | None:
     """First module of a known encoder that runs at the latent resolution (its input is on the
     latent grid), or None (plain tiling)."""
-    from comfy.ldm.modules.diffusionmodules.model import Encoder
     import comfy.ldm.wan.vae as wan21
+    from comfy.ldm.modules.diffusionmodules.model import Encoder
     enc = getattr(model, "encoder", None)
     if type(enc) is Encoder:
         top = enc.num_resolutions - 1
@@ -146,7 +146,12 @@ def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_
                          f"({weights / 2 ** 30:.2f} GiB); raise it or set 0 (use the free memory)")
     modelled = _tv.TileCost(0.0, cost_model(plan.tile_shape[0] if shape.video else 1, s), "modelled")
     units = lambda p: p.tile_shape[-1] * p.tile_shape[-2]  # noqa: E731
-    mm.load_models_gpu([vae.patcher], memory_required=modelled.bytes_for(units(plan)), force_full_load=vae.disable_offload)
+    # Ask the memory manager for one tile (capped: a huge tile_size must not push the VAE itself
+    # into lowvram mode; the tile is fitted to what is free afterwards).
+    ask = min(modelled.bytes_for(units(plan)), 0.5 * mm.get_total_memory(vae.device))
+    if opts.memory_budget_gb > 0:
+        ask = min(ask, opts.memory_budget_gb * 2 ** 30 - weights)
+    mm.load_models_gpu([vae.patcher], memory_required=ask, force_full_load=vae.disable_offload)
     if opts.memory_budget_gb > 0:
         budget, budget_source = opts.memory_budget_gb * 2 ** 30 - weights, "memory_budget_gb"
     else:

@@ -24,7 +24,7 @@ time chunks) gets one entry per call, matched by call order.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

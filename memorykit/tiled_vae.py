@@ -11,11 +11,10 @@ Units: pixels and frames for user-facing sizes (``tile_px``, ``overlap_px``, ``t
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
-
 from torch import nn
 
 from .global_context import GlobalHead, GlobalTail
@@ -205,7 +204,7 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
         head = tail = None
         if head_module is not None:
             head = GlobalHead(head_module, store_device=output_device, scale=head_scale)
-            head.capture(lambda: fn(xb), plan.grid_shape[-2:])
+            head.capture(lambda xb=xb: fn(xb), plan.grid_shape[-2:])
             step()
         if tail_module is not None:
             tail = GlobalTail(tail_module, plan.grid_shape[-2:], store_device=output_device)
@@ -306,11 +305,13 @@ def format_info(info: dict) -> str:
     """One-screen summary of the info dict the ComfyUI integration returns (figures in GiB)."""
     p = info["plan"]
     gib = 2 ** 30
-    lines = [f"Tiled VAE {info['direction']}: {info['items']} item(s) × {info['tiles_per_item']} tile(s) "
-             f"({' × '.join(map(str, p['tiles_per_axis']))}), tile {info['tile_px']} px, overlap {info['overlap_px']} px",
-             f"latent grid {p['grid_shape']}, tile {p['tile_shape']} latent units; time: {info['time']}",
-             f"shared GroupNorm stats: {'on' if info['shared_norm_stats'] else 'off'}; "
-             f"global context: {info['global_context']}",
-             f"budget {info['memory_budget_bytes'] / gib:.2f} GiB ({info['budget_source']}), tile ≈ "
-             f"{info['tile_bytes_estimate'] / gib:.3f} GiB ({info['cost_source']}); {info['seconds']} s"]
+    lines = [
+        (f"Tiled VAE {info['direction']}: {info['items']} item(s) × {info['tiles_per_item']} tile(s) "
+         f"({' × '.join(map(str, p['tiles_per_axis']))}), tile {info['tile_px']} px, overlap {info['overlap_px']} px"),
+        f"latent grid {p['grid_shape']}, tile {p['tile_shape']} latent units; time: {info['time']}",
+        (f"shared GroupNorm stats: {'on' if info['shared_norm_stats'] else 'off'}; "
+         f"global context: {info['global_context']}"),
+        (f"budget {info['memory_budget_bytes'] / gib:.2f} GiB ({info['budget_source']}), tile ≈ "
+         f"{info['tile_bytes_estimate'] / gib:.3f} GiB ({info['cost_source']}); {info['seconds']} s"),
+    ]
     return "\n".join(lines)

@@ -42,11 +42,11 @@ class AxisMap:
     causal: bool = False
 
     @staticmethod
-    def up(factor: int, causal: bool = False) -> "AxisMap":
+    def up(factor: int, causal: bool = False) -> AxisMap:
         return AxisMap(int(factor), "up", causal)
 
     @staticmethod
-    def down(factor: int, causal: bool = False) -> "AxisMap":
+    def down(factor: int, causal: bool = False) -> AxisMap:
         return AxisMap(int(factor), "down", causal)
 
     def _scaled(self, start: int, length: int) -> tuple[int, int]:

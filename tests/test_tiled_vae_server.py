@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from harness.server import PromptRejected
 
 TILING = {"temporal_size": 64, "temporal_overlap": 8, "memory_budget_gb": 0.0,

@@ -2,6 +2,8 @@
 weights, one-pass tiling, shared GroupNorm statistics, global head/tail, memory fitting."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch import nn
@@ -9,7 +11,12 @@ from torch import nn
 
 @pytest.fixture(scope="module")
 def mk(comfy):
-    from comfyui_memorykit.memorykit import global_context, norm_stats, tiled_vae, tiling
+    from comfyui_memorykit.memorykit import (
+        global_context,
+        norm_stats,
+        tiled_vae,
+        tiling,
+    )
     return type("MK", (), {"tiling": tiling, "tv": tiled_vae, "ns": norm_stats, "gc": global_context})
 
 
@@ -18,7 +25,7 @@ def test_plan_axis_covers_evenly_with_at_least_the_overlap(mk, n, tile, overlap)
     starts = mk.tiling.plan_axis(n, tile, overlap)
     length = min(tile, n)
     assert starts[0] == 0 and starts[-1] + length == n
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert all(length - g >= overlap for g in gaps), (starts, length)
     assert not gaps or max(gaps) - min(gaps) <= 1  # evenly spread
 
