@@ -120,10 +120,18 @@ def _encode_tail(model) -> tuple[_torch.nn.Module, str] | None:
     return None
 
 
-def _head_bytes(module: _torch.nn.Module, scale: int, grid_hw, dtype) -> float:
-    """Modelled peak of the head pass: 10 activations of the module's width at its resolution."""
+def _head_bytes(vae, fn, module: _torch.nn.Module, scale: int, plan, probe) -> float:
+    """Peak working memory of the global-head pass on the whole latent (bytes): measured on CUDA
+    with two probe latents; elsewhere modelled as 4 activations of the module's width at the
+    latent resolution plus 3 at its own resolution (``scale``² times more pixels)."""
+    from .global_context import GlobalHead
+    n = plan.grid_shape[-1] * plan.grid_shape[-2]
+    if _torch.device(vae.device).type == "cuda":
+        def run(z):
+            GlobalHead(module, scale=scale).capture(lambda: fn(z), tuple(z.shape[-2:]))
+        return _tv.measure_tile_cost(run, probe, vae.device).bytes_for(n)
     ch = max((p.shape[0] for p in module.parameters() if p.ndim >= 2), default=512)
-    return 10.0 * ch * grid_hw[0] * grid_hw[1] * scale * scale * mm.dtype_size(dtype)
+    return ch * n * (4 + 3 * scale * scale) * mm.dtype_size(vae.vae_dtype)
 
 
 def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_model, tail_dummy=None):
@@ -156,12 +164,12 @@ def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_
         budget, budget_source = opts.memory_budget_gb * 2 ** 30 - weights, "memory_budget_gb"
     else:
         budget, budget_source = 0.9 * mm.get_free_memory(vae.device), "free memory"
+    lead = tuple(a.amap.in_span(0, a.length)[1] for a in plan.axes[:-2])  # a tile's frames (input units)
+    ch, k = (shape.latent_channels, 1) if direction == "decode" else (3, s)
+    probe = lambda t: _torch.rand((1, ch) + lead + (t * k, t * k))  # noqa: E731
     cost = modelled
     if _torch.device(vae.device).type == "cuda":
-        lead = tuple(a.amap.in_span(0, a.length)[1] for a in plan.axes[:-2])  # a tile's frames (input units)
-        ch = shape.latent_channels if direction == "decode" else 3
-        k = 1 if direction == "decode" else s
-        cost = _tv.measure_tile_cost(fn, lambda t: _torch.rand((1, ch) + lead + (t * k, t * k)), vae.device)
+        cost = _tv.measure_tile_cost(fn, probe, vae.device)
     grid_hw = plan.grid_shape[-2:]
     min_tile = opts.overlap_px // s + 1
     t = _tv.fit_tile(grid_hw, cost, budget, max(1, opts.tile_px // s), min_tile)
@@ -174,8 +182,10 @@ def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_
     head = tail = None
     if opts.global_context and plan.num_tiles > 1 and not (shape.video and len(plan.axes[0].starts) > 1):
         if direction == "decode":
-            heads = _decode_heads(vae.first_stage_model)
-            head = next((h for h in heads if _head_bytes(h[0], h[1], grid_hw, vae.vae_dtype) <= budget), None)
+            for h in _decode_heads(vae.first_stage_model):
+                if _head_bytes(vae, fn, h[0], h[1], plan, probe) <= budget:
+                    head = h
+                    break
         else:
             tail = _encode_tail(vae.first_stage_model)
     norm = _NormStats(vae.first_stage_model) if opts.shared_norm_stats else None

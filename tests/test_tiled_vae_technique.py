@@ -194,3 +194,12 @@ def test_fit_tile_picks_the_largest_tile_within_the_budget(mk):
     assert t == 30
     assert mk.tv.fit_tile((10, 8), cost, budget_bytes=1000 + 10 * 80, max_tile=64) == 64  # whole image fits
     assert mk.tv.fit_tile((100, 80), cost, budget_bytes=1500, max_tile=64, min_tile=8) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="measures CUDA allocations (GPU runbook)")
+def test_measured_tile_cost_grows_with_the_tile(mk):
+    net = _upsampler().cuda()
+    cost = mk.tv.measure_tile_cost(net, lambda t: torch.randn(1, 4, t, t, device="cuda"), torch.device("cuda"))
+    # output alone: 3 channels × 64 pixels per latent pixel × 4 bytes
+    assert cost.source == "measured" and cost.per_unit_bytes >= 3 * 64 * 4
+    assert cost.bytes_for(64 * 64) > cost.bytes_for(32 * 32)
