@@ -36,13 +36,13 @@ def loaded_models() -> list[dict]:
 # =============================================================================================
 # Tiled VAE (issue 5): ComfyUI's VAE object (comfy.sd.VAE) → memorykit.tiled_vae
 # =============================================================================================
-import time as _time  # noqa: E402
-from dataclasses import dataclass as _dataclass  # noqa: E402
+import time as _time
+from dataclasses import dataclass as _dataclass
 
-import torch as _torch  # noqa: E402
+import torch as _torch
 
-from . import tiled_vae as _tv  # noqa: E402
-from .norm_stats import SharedGroupNormStats as _NormStats  # noqa: E402
+from . import tiled_vae as _tv
+from .norm_stats import SharedGroupNormStats as _NormStats
 
 
 @_dataclass
@@ -100,24 +100,26 @@ def _decode_heads(model) -> list[tuple[_torch.nn.Module, int, str]]:
     return []
 
 
-def _encode_tail(model) -> tuple[_torch.nn.Module, str] | None:
-    """First module of a known encoder that runs at the latent resolution (its input is on the
-    latent grid), or None (plain tiling)."""
+def _encode_tails(model) -> list[tuple[_torch.nn.Module, int, str]]:
+    """Split points of encoders known to work with a global tail, deepest first:
+    ``(module whose input is on the latent grid × scale, scale, name)``. Empty for other VAEs."""
     import comfy.ldm.wan.vae as wan21
     from comfy.ldm.modules.diffusionmodules.model import Encoder
     enc = getattr(model, "encoder", None)
     if type(enc) is Encoder:
         top = enc.num_resolutions - 1
+        tails = [(enc.down[top - 1].downsample, 2, f"encoder.down.{top - 1}.downsample")] if top > 0 else []
         if enc.num_res_blocks > 0:
-            return enc.down[top].block[0], f"encoder.down.{top}.block.0"
-        return enc.mid.block_1, "encoder.mid.block_1"
+            return tails + [(enc.down[top].block[0], 1, f"encoder.down.{top}.block.0")]
+        return tails + [(enc.mid.block_1, 1, "encoder.mid.block_1")]
     if type(enc) is wan21.Encoder3d:
         downs = [i for i, m in enumerate(enc.downsamples) if isinstance(m, wan21.Resample)]
+        tails = [(enc.downsamples[downs[-1]], 2, f"encoder.downsamples.{downs[-1]}")] if downs else []
         i = downs[-1] + 1 if downs else len(enc.downsamples)
         if i < len(enc.downsamples):
-            return enc.downsamples[i], f"encoder.downsamples.{i}"
-        return enc.middle[0], "encoder.middle.0"
-    return None
+            return tails + [(enc.downsamples[i], 1, f"encoder.downsamples.{i}")]
+        return tails + [(enc.middle[0], 1, "encoder.middle.0")]
+    return []
 
 
 def _head_bytes(vae, fn, module: _torch.nn.Module, scale: int, plan, probe) -> float:
@@ -132,6 +134,15 @@ def _head_bytes(vae, fn, module: _torch.nn.Module, scale: int, plan, probe) -> f
         return _tv.measure_tile_cost(run, probe, vae.device).bytes_for(n)
     ch = max((p.shape[0] for p in module.parameters() if p.ndim >= 2), default=512)
     return ch * n * (4 + 3 * scale * scale) * mm.dtype_size(vae.vae_dtype)
+
+
+def _tail_bytes(vae, module: _torch.nn.Module, scale: int, plan) -> float:
+    """Modelled peak of the global-tail pass (bytes): the assembled map (the module's width at
+    its resolution) in the working dtype, plus 3 activations of that size and 4 at the latent
+    resolution (the middle block)."""
+    n = plan.grid_shape[-1] * plan.grid_shape[-2] * (plan.tile_shape[0] if len(plan.axes) == 3 else 1)
+    ch = max((p.shape[1] for p in module.parameters() if p.ndim >= 2), default=512)
+    return ch * n * (4 + 4 * scale * scale) * mm.dtype_size(vae.vae_dtype)
 
 
 def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_model, tail_dummy=None):
@@ -153,7 +164,7 @@ def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_
         raise ValueError(f"memory_budget_gb {opts.memory_budget_gb} GiB does not even hold the VAE's weights "
                          f"({weights / 2 ** 30:.2f} GiB); raise it or set 0 (use the free memory)")
     modelled = _tv.TileCost(0.0, cost_model(plan.tile_shape[0] if shape.video else 1, s), "modelled")
-    units = lambda p: p.tile_shape[-1] * p.tile_shape[-2]  # noqa: E731
+    units = lambda p: p.tile_shape[-1] * p.tile_shape[-2]
     # Ask the memory manager for one tile (capped: a huge tile_size must not push the VAE itself
     # into lowvram mode; the tile is fitted to what is free afterwards).
     ask = min(modelled.bytes_for(units(plan)), 0.5 * mm.get_total_memory(vae.device))
@@ -166,7 +177,7 @@ def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_
         budget, budget_source = 0.9 * mm.get_free_memory(vae.device), "free memory"
     lead = tuple(a.amap.in_span(0, a.length)[1] for a in plan.axes[:-2])  # a tile's frames (input units)
     ch, k = (shape.latent_channels, 1) if direction == "decode" else (3, s)
-    probe = lambda t: _torch.rand((1, ch) + lead + (t * k, t * k))  # noqa: E731
+    probe = lambda t: _torch.rand((1, ch) + lead + (t * k, t * k))
     cost = modelled
     if _torch.device(vae.device).type == "cuda":
         cost = _tv.measure_tile_cost(fn, probe, vae.device)
@@ -187,7 +198,10 @@ def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_
                     head = h
                     break
         else:
-            tail = _encode_tail(vae.first_stage_model)
+            for c in _encode_tails(vae.first_stage_model):
+                if _tail_bytes(vae, c[0], c[1], plan) <= budget:
+                    tail = c
+                    break
     norm = _NormStats(vae.first_stage_model) if opts.shared_norm_stats else None
     pbar = comfy.utils.ProgressBar(_tv.steps_for(plan, x.shape[0], bool(norm and norm.available), bool(head), bool(tail)))
 
@@ -198,16 +212,18 @@ def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_
     t0 = _time.perf_counter()
     out = _tv.run_tiled(x, fn, plan, norm_stats=norm, head_module=head[0] if head else None,
                         head_scale=head[1] if head else 1, tail_module=tail[0] if tail else None,
+                        tail_scale=tail[1] if tail else 1,
                         tail_dummy=tail_dummy, on_step=on_step, output_device=vae.output_device)
     info = {
         "direction": direction, "vae": type(vae.first_stage_model).__name__,
         "input_shape": list(x.shape), "output_shape": list(out.shape), "items": int(x.shape[0]),
-        "tile_px": plan.tile_shape[-1] * s, "overlap_px": opts.overlap_px,
+        "tile_px": [n * s for n in plan.tile_shape[-2:]], "tile_limit_px": min(t, max(grid_hw)) * s,
+        "overlap_px": opts.overlap_px,
         "plan": plan.describe(), "tiles_per_item": plan.num_tiles,
         "time": ("none" if not shape.video else "whole length per tile (causal cache carried by the VAE)"
                  if shape.time_cache else f"tiles of {plan.tile_shape[0]} latent frames"),
         "shared_norm_stats": bool(norm and norm.available and plan.num_tiles > 1),
-        "global_context": (head[2] if head else tail[1] if tail else "off"),
+        "global_context": (head[2] if head else tail[2] if tail else "off"),
         "memory_budget_bytes": int(max(0, budget)), "budget_source": budget_source,
         "tile_bytes_estimate": int(cost.bytes_for(units(plan))), "cost_source": cost.source,
         "seconds": round(_time.perf_counter() - t0, 3),

@@ -118,13 +118,15 @@ class GlobalTail:
     """Input of ``module`` (last two dims = latent height/width) assembled from tiles, then the
     module and everything after it run once on the whole map.
 
-    ``out_shape_hw``: latent grid (height, width) of the whole input; ``store_device``: where
-    the blended map is kept (float32).
+    ``grid_hw``: latent grid (height, width) of the whole input; ``store_device``: where the
+    blended map is kept (float32); ``scale``: resolution of the module's input relative to the
+    latent grid (1, or 2 before the encoder's last 2× downsampling).
     """
 
-    def __init__(self, module: nn.Module, grid_hw: tuple[int, int], store_device=None):
+    def __init__(self, module: nn.Module, grid_hw: tuple[int, int], store_device=None, scale: int = 1):
         self.module = module
-        self.grid_hw = tuple(grid_hw)
+        self.scale = int(scale)
+        self.grid_hw = tuple(n * self.scale for n in grid_hw)
         self.store_device = store_device
         self.maps: list[torch.Tensor] = []
         self.calls = _Calls()
@@ -139,14 +141,22 @@ class GlobalTail:
         finally:
             h.remove()
 
+    def _small(self, x: torch.Tensor) -> torch.Tensor:
+        # one latent pixel's worth (scale × scale: a 2× downsampling conv needs at least 2×2)
+        return x[..., :self.scale, :self.scale]
+
     def skipping(self):
-        """Context: ``module`` and everything after it run on a 1×1 crop (statistics pre-pass)."""
-        return self._pre_hook(lambda k, x: x[..., :1, :1])
+        """Context: ``module`` and everything after it run on one latent pixel (statistics pre-pass)."""
+        return self._pre_hook(lambda k, x: self._small(x))
 
     def collecting(self, hs: slice, ws: slice, weights: torch.Tensor):
         """Context for one tile at latent rows ``hs`` / columns ``ws``: ``module``'s input is
-        added, times ``weights`` (``[h, w]`` float32), into the whole map; the rest of the forward
-        continues on a 1×1 crop."""
+        added, times ``weights`` (``[h, w]`` float32, latent grid), into the whole map; the rest
+        of the forward continues on one latent pixel's worth of it."""
+        r = self.scale
+        hs, ws = slice(hs.start * r, hs.stop * r), slice(ws.start * r, ws.stop * r)
+        weights = weights.repeat_interleave(r, 0).repeat_interleave(r, 1)
+
         def take(k, x):
             if tuple(x.shape[-2:]) != (hs.stop - hs.start, ws.stop - ws.start):
                 raise RuntimeError(f"global context: input of {type(self.module).__name__} is {tuple(x.shape)}, "
@@ -155,7 +165,7 @@ class GlobalTail:
             while len(self.maps) <= k:
                 self.maps.append(torch.zeros(tuple(x.shape[:-2]) + self.grid_hw, dtype=torch.float32, device=dev))
             self.maps[k][..., hs, ws].addcmul_(x.to(device=dev, dtype=torch.float32), weights.to(dev))
-            return x[..., :1, :1]
+            return self._small(x)
         return self._pre_hook(take)
 
     def finishing(self):

@@ -144,7 +144,7 @@ def _spatial_weights(plan: TilePlan, idx: tuple[int, ...]) -> torch.Tensor:
 
 def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan: TilePlan, *,
               norm_stats: SharedGroupNormStats | None = None, head_module: nn.Module | None = None, head_scale: int = 1,
-              tail_module: nn.Module | None = None, tail_dummy: Callable[[torch.Tensor], torch.Tensor] | None = None,
+              tail_module: nn.Module | None = None, tail_scale: int = 1, tail_dummy: Callable[[torch.Tensor], torch.Tensor] | None = None,
               on_step: Callable[[], None] | None = None, output_device=None) -> torch.Tensor:
     """Apply ``fn`` tile by tile and blend: one pass, each tile run once.
 
@@ -207,7 +207,7 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
             head.capture(lambda xb=xb: fn(xb), plan.grid_shape[-2:])
             step()
         if tail_module is not None:
-            tail = GlobalTail(tail_module, plan.grid_shape[-2:], store_device=output_device)
+            tail = GlobalTail(tail_module, plan.grid_shape[-2:], store_device=output_device, scale=tail_scale)
         if use_stats:
             probe, probe_hw = _stats_probe(xb, plan)
             ctx = head.resized(probe_hw) if head else tail.skipping() if tail else contextlib.nullcontext()
@@ -307,7 +307,8 @@ def format_info(info: dict) -> str:
     gib = 2 ** 30
     lines = [
         (f"Tiled VAE {info['direction']}: {info['items']} item(s) × {info['tiles_per_item']} tile(s) "
-         f"({' × '.join(map(str, p['tiles_per_axis']))}), tile {info['tile_px']} px, overlap {info['overlap_px']} px"),
+         f"({' × '.join(map(str, p['tiles_per_axis']))}), tiles {'×'.join(map(str, info['tile_px']))} px "
+         f"(limit {info['tile_limit_px']}), overlap {info['overlap_px']} px"),
         f"latent grid {p['grid_shape']}, tile {p['tile_shape']} latent units; time: {info['time']}",
         (f"shared GroupNorm stats: {'on' if info['shared_norm_stats'] else 'off'}; "
          f"global context: {info['global_context']}"),

@@ -70,12 +70,15 @@ class AxisMap:
         return in_size // self.factor
 
 
-def plan_axis(n: int, tile: int, overlap: int) -> list[int]:
-    """Start positions (grid units) of tiles of length ``min(tile, n)`` covering ``[0, n)``.
+def plan_axis(n: int, tile: int, overlap: int) -> tuple[list[int], int]:
+    """Tiles covering ``[0, n)``: ``(starts, length)`` in grid units.
 
-    Tiles are spread evenly so every pair of neighbours overlaps by at least ``overlap``
-    units (all overlaps equal up to rounding); ``n <= tile`` gives one tile. Raises ValueError
-    for ``n < 1``, ``tile < 1``, ``overlap < 0`` or ``overlap >= tile``.
+    The fewest tiles of at most ``tile`` units that overlap by at least ``overlap`` units; then
+    all made the same, smallest length that still covers ``n`` with that overlap, and spread
+    evenly (so the total work is as small as possible: for n = 256, tile 64, overlap 8 that is
+    5 tiles of 58, 1.28× the pixels of the image, where 5 tiles of 64 would be 1.56×).
+    ``n <= tile`` gives one tile. Raises ValueError for ``n < 1``, ``tile < 1``,
+    ``overlap < 0`` or ``overlap >= tile``.
     """
     if tile < 1:
         raise ValueError(f"tile must be at least 1 latent unit, got {tile}")
@@ -86,9 +89,10 @@ def plan_axis(n: int, tile: int, overlap: int) -> list[int]:
     if n < 1:
         raise ValueError(f"axis of size {n}: nothing to tile")
     if n <= tile:
-        return [0]
-    count = math.ceil((n - tile) / (tile - overlap)) + 1
-    return [round(i * (n - tile) / (count - 1)) for i in range(count)]
+        return [0], n
+    count = math.ceil((n - overlap) / (tile - overlap))
+    length = min(tile, math.ceil((n + (count - 1) * overlap) / count))
+    return [round(i * (n - length) / (count - 1)) for i in range(count)], length
 
 
 def _ramp(x: torch.Tensor, centre: float, width: float) -> torch.Tensor:
@@ -133,8 +137,7 @@ def plan_axis_full(size: int, tile: int, overlap: int, amap: AxisMap, feather: f
     cross-fade; the band is centred in the overlap and narrowed where needed so that no pixel
     falls in two bands (band ≤ tile stride). Raises ValueError as :func:`plan_axis`.
     """
-    starts = plan_axis(size, tile, overlap)
-    length = min(tile, size)
+    starts, length = plan_axis(size, tile, overlap)
     plan = AxisPlan(size, length, starts, amap)
     spans = [amap.out_span(s, length) for s in starts]
     strides = [spans[i + 1][0] - spans[i][0] for i in range(len(spans) - 1)]

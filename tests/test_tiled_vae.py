@@ -189,9 +189,10 @@ def test_memory_budget_picks_the_largest_tile_that_fits(sd_vae, ci):
     with torch.inference_mode():
         out, info = ci.tiled_vae_decode(sd_vae, z, opts(ci, 512, 32, memory_budget_gb=budget_gb))
     per_unit = sd_vae.memory_used_decode((1, 4, 16, 16), sd_vae.vae_dtype) / 256
-    t = info["tile_px"] // 8
+    t = info["tile_limit_px"] // 8
     assert info["cost_source"] == "modelled" and info["budget_source"] == "memory_budget_gb"
     assert t * t * per_unit <= budget_gb * 2 ** 30 < (t + 1) * (t + 1) * per_unit
+    assert max(info["tile_px"]) <= info["tile_limit_px"] < 512
     assert info["tiles_per_item"] > 1 and out.shape == (1, 192, 224, 3)
 
 

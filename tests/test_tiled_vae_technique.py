@@ -21,13 +21,18 @@ def mk(comfy):
 
 
 @pytest.mark.parametrize("n,tile,overlap", [(40, 24, 6), (44, 16, 4), (7, 8, 2), (100, 33, 32), (9, 2, 1)])
-def test_plan_axis_covers_evenly_with_at_least_the_overlap(mk, n, tile, overlap):
-    starts = mk.tiling.plan_axis(n, tile, overlap)
-    length = min(tile, n)
-    assert starts[0] == 0 and starts[-1] + length == n
+def test_plan_axis_covers_evenly_with_the_fewest_tiles(mk, n, tile, overlap):
+    starts, length = mk.tiling.plan_axis(n, tile, overlap)
+    assert length <= tile and starts[0] == 0 and starts[-1] + length == n
+    assert len(starts) == (1 if n <= tile else -(-(n - overlap) // (tile - overlap)))  # fewest tiles
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert all(length - g >= overlap for g in gaps), (starts, length)
     assert not gaps or max(gaps) - min(gaps) <= 1  # evenly spread
+
+
+def test_plan_for_2048px_with_512_64_tiles(mk):
+    """The benchmark case: 256 latent units, tile 64, overlap 8 → 5 tiles of 58 (1.28× the pixels)."""
+    assert mk.tiling.plan_axis(256, 64, 8) == ([0, 50, 99, 148, 198], 58)
 
 
 @pytest.mark.parametrize("tile,overlap,match", [(0, 0, "tile"), (-8, 0, "tile"), (8, -1, "overlap"),
