@@ -77,11 +77,8 @@ class SharedGroupNormStats:
     # -- hooks --------------------------------------------------------------------------------
     def _record(self, i: int, module: nn.GroupNorm, args):
         x = args[0]
-        xg = x.detach().reshape(x.shape[0], module.num_groups, -1)
-        if xg.dtype != torch.float32:
-            xg = xg.float()
-        var, mean = torch.var_mean(xg, dim=-1, unbiased=False)
-        self.stats[i].append((mean, var))
+        var, mean = _var_mean_f32(x.detach().reshape(x.shape[0], module.num_groups, -1), dim=-1)
+        self.stats[i].append((mean.squeeze(-1), var.squeeze(-1)))
 
     def _replay(self, i: int, module: nn.GroupNorm, args, output):
         k = self._calls[i]
@@ -117,13 +114,21 @@ def group_norm_with_stats(x: torch.Tensor, norm: nn.GroupNorm, mean: torch.Tenso
     return torch.addcmul(shift.to(x.dtype).reshape(view), x, a.to(x.dtype).reshape(view))
 
 
+def _var_mean_f32(x: torch.Tensor, dim, chunk_dim: int = 1, chunk: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.var_mean(x, dim, correction=0)`` computed in float32 without a float32 copy of
+    all of a half-precision ``x`` (converted ``chunk`` slices of ``chunk_dim`` at a time)."""
+    if x.dtype == torch.float32:
+        return torch.var_mean(x, dim=dim, correction=0, keepdim=True)
+    parts = [torch.var_mean(c.float(), dim=dim, correction=0, keepdim=True) for c in x.split(chunk, chunk_dim)]
+    return torch.cat([p[0] for p in parts], chunk_dim), torch.cat([p[1] for p in parts], chunk_dim)
+
+
 def channel_stats(x: torch.Tensor, per_sample: bool = False) -> tuple[torch.Tensor, ...]:
     """Per-channel (``per_sample``: per sample and channel) ``(std, mean, min, max)`` of ``x``
     (``[B, C, *dims]``) in float32, shaped to broadcast against ``x``."""
     dims = ([] if per_sample else [0]) + list(range(2, x.ndim))
-    xf = x if x.dtype == torch.float32 else x.float()
-    std, mean = torch.std_mean(xf, dim=dims, keepdim=True, correction=0)
-    return std, mean, xf.amin(dim=dims, keepdim=True), xf.amax(dim=dims, keepdim=True)
+    var, mean = _var_mean_f32(x, dim=dims)
+    return var.sqrt(), mean, x.amin(dim=dims, keepdim=True).float(), x.amax(dim=dims, keepdim=True).float()
 
 
 def downsample_for_stats(x: torch.Tensor, size: tuple[int, ...], per_sample: bool = False,

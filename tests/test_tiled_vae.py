@@ -211,3 +211,20 @@ def test_progress_bar_counts_every_pass(sd_vae, ci):
     total = info["tiles_per_item"] + 2
     assert seen == [(i, total) for i in range(1, total + 1)]
     assert "4 tile(s)" in tiled_vae.format_info(info)
+
+
+def test_interrupt_aborts_cleanly_and_the_next_run_is_the_same(sd_vae, ci):
+    """ComfyUI's interrupt (what POST /interrupt sets) is honoured between passes; no hook is
+    left on the VAE and the next run gives the same result as an uninterrupted one."""
+    import comfy.model_management as mm
+    z = smooth_latent(4, (10, 14), 10)
+    with torch.inference_mode():
+        first = ci.tiled_vae_decode(sd_vae, z, opts(ci, 64, 16))[0]
+        mm.interrupt_current_processing(True)
+        try:
+            with pytest.raises(mm.InterruptProcessingException):
+                ci.tiled_vae_decode(sd_vae, z, opts(ci, 64, 16))
+        finally:
+            mm.interrupt_current_processing(False)
+        assert all(not m._forward_hooks and not m._forward_pre_hooks for m in sd_vae.first_stage_model.modules())
+        assert torch.equal(ci.tiled_vae_decode(sd_vae, z, opts(ci, 64, 16))[0], first)

@@ -208,3 +208,10 @@ def test_measured_tile_cost_grows_with_the_tile(mk):
     # output alone: 3 channels × 64 pixels per latent pixel × 4 bytes
     assert cost.source == "measured" and cost.per_unit_bytes >= 3 * 64 * 4
     assert cost.bytes_for(64 * 64) > cost.bytes_for(32 * 32)
+
+
+def test_statistics_of_half_precision_are_computed_in_float32(mk):
+    x = (torch.randn(2, 24, 9, 7) * 3 + 1000).to(torch.bfloat16)
+    var, mean = mk.ns._var_mean_f32(x, dim=[0, 2, 3])
+    ref_var, ref_mean = torch.var_mean(x.float(), dim=[0, 2, 3], correction=0, keepdim=True)
+    assert var.dtype == torch.float32 and torch.allclose(mean, ref_mean) and torch.allclose(var, ref_var, rtol=1e-4)
