@@ -7,6 +7,7 @@ from .fp8 import Fp8LayerwiseCast
 from .group_offload import GroupOffload, GroupOffloadLoader
 from .report import MemoryReport
 from .sharded import SaveSharded, ShardedCheckpointLoader, ShardedTextEncoderLoader
+from .tiled_vae import TiledVAEDecode, TiledVAEEncode
 
 CATEGORY = "MemoryKit"
 
@@ -16,4 +17,4 @@ class MemoryKitExtension(ComfyExtension):
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         return [MemoryReport, FreeMemory, ShardedCheckpointLoader, ShardedTextEncoderLoader, SaveSharded,
-                Fp8LayerwiseCast, GroupOffload, GroupOffloadLoader, BalancedDeviceMap]
+                Fp8LayerwiseCast, GroupOffload, GroupOffloadLoader, BalancedDeviceMap, TiledVAEDecode, TiledVAEEncode]

@@ -127,7 +127,7 @@ def group_offload_wan21_t2v() -> dict:
 
 def combined_sd15() -> dict:
     """Every technique in one graph: sharded UNet + CLIP-L → FP8 Layerwise Cast → Group Offload
-    (disk, so it also runs on a CPU) → KSampler → VAE decode → Memory Report → Save."""
+    (disk, so it also runs on a CPU) → KSampler → Tiled VAE Decode → Memory Report → Save."""
     p = sharded_sd15_txt2img()
     p["10"] = {"class_type": "MemoryKitFp8LayerwiseCast",
                "inputs": {"model": ["1", 0], "storage_dtype": "float8_e4m3fn", "compute_dtype": "auto",
@@ -137,9 +137,30 @@ def combined_sd15() -> dict:
                           "vram_budget_gb": 0.0, "use_stream": True, "record_stream": False,
                           "low_cpu_mem_usage": False, "offload_to": "disk", "disk_folder": ""}}
     p["6"]["inputs"]["model"] = ["11", 0]
+    p["8"] = _tiled_decode(["6", 0], ["7", 0], 128, 32)
     p["12"] = {"class_type": "MemoryKitMemoryReport", "inputs": {"value": ["8", 0], "label": "after decode", "reset_peak": True}}
     p["9"]["inputs"]["images"] = ["12", 0]
     p["9"]["inputs"]["filename_prefix"] = "MemoryKit/combined_sd15"
+def _tiled_decode(samples: list, vae: list, tile: int, overlap: int) -> dict:
+    return {"class_type": "MemoryKitTiledVAEDecode",
+            "inputs": {"samples": samples, "vae": vae, "tile_size": tile, "overlap": overlap, "temporal_size": 64,
+                       "temporal_overlap": 8, "memory_budget_gb": 0.0, "shared_norm_stats": True,
+                       "global_context": True}}
+
+
+def tiled_vae_sd15() -> dict:
+    """SD1.5 txt2img at 256² ending in Tiled VAE Decode with small (128 px) tiles: 3×3 tiles."""
+    p = sd15_txt2img()
+    p["7"] = _tiled_decode(["6", 0], ["1", 2], 128, 32)
+    p["9"]["inputs"]["filename_prefix"] = "MemoryKit/sd15_tiled_vae"
+    return p
+
+
+def tiled_vae_wan21_t2v() -> dict:
+    """Wan 2.1 t2v, 9 frames at 128², decoded by Tiled VAE Decode with 64 px tiles (time stays whole)."""
+    p = wan21_t2v()
+    p["9"] = _tiled_decode(["7", 0], ["8", 0], 64, 16)
+    p["11"]["inputs"]["filename_prefix"] = "MemoryKit/wan21_tiled_vae"
     return p
 
 
@@ -152,6 +173,8 @@ WORKFLOWS = {
     "sharded_loaders_sd15": sharded_sd15_txt2img,
     "group_offload_wan21_t2v": group_offload_wan21_t2v,
     "combined_sd15": combined_sd15,
+    "tiled_vae_sd15": tiled_vae_sd15,
+    "tiled_vae_wan21_t2v": tiled_vae_wan21_t2v,
 }
 
 

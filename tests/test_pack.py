@@ -12,7 +12,8 @@ from harness import paths
 # (ComfyUI only logs a failed import, so this list is the check).
 EXPECTED_NODES = {"MemoryKitMemoryReport", "MemoryKitFreeMemory", "MemoryKitBalancedDeviceMap",
                   "MemoryKitShardedCheckpointLoader", "MemoryKitShardedTextEncoderLoader", "MemoryKitSaveSharded",
-                  "MemoryKitFp8LayerwiseCast", "MemoryKitGroupOffload", "MemoryKitGroupOffloadLoader"}
+                  "MemoryKitFp8LayerwiseCast", "MemoryKitGroupOffload", "MemoryKitGroupOffloadLoader",
+                  "MemoryKitTiledVAEDecode", "MemoryKitTiledVAEEncode"}
 
 
 def pack_node_ids(object_info: dict) -> set[str]:

@@ -1,0 +1,260 @@
+"""ComfyUI integration: Tiled VAE Decode / Encode on ComfyUI's VAE object."""
+from __future__ import annotations
+
+import comfy.model_management as mm  # noqa: F401
+
+
+# =============================================================================================
+# Tiled VAE (issue 5): ComfyUI's VAE object (comfy.sd.VAE) → memorykit.tiled_vae
+# =============================================================================================
+import time as _time
+from dataclasses import dataclass as _dataclass
+
+import torch as _torch
+
+from .. import tiled_vae as _tv
+from ..norm_stats import SharedGroupNormStats as _NormStats
+
+
+@_dataclass
+class TiledVAEOptions:
+    """Node options. Sizes in pixels/frames; ``memory_budget_gb`` in GiB (0 = free memory)."""
+
+    tile_px: int = 512
+    overlap_px: int = 64
+    temporal_size: int = 64
+    temporal_overlap: int = 8
+    memory_budget_gb: float = 0.0
+    shared_norm_stats: bool = True
+    global_context: bool = True
+
+
+def vae_shape(vae) -> _tv.VAEShape:
+    """Geometry of a ``comfy.sd.VAE`` for tiling. Raises ValueError for VAEs this node does not
+    tile (1-D audio latents, latents with an extra 1-D channel, unknown time mappings)."""
+    vae.throw_exception_if_invalid()
+    if vae.latent_dim not in (2, 3) or vae.extra_1d_channel is not None:
+        raise ValueError(f"Tiled VAE handles image and video VAEs; {type(vae.first_stage_model).__name__} has "
+                         f"{vae.latent_dim}-D latents: use ComfyUI's VAE Decode/Encode for it")
+    spatial = int(vae.spacial_compression_decode())
+    if vae.latent_dim == 2:
+        return _tv.VAEShape(int(vae.latent_channels), spatial)
+    k = int(vae.upscale_index_formula[0]) if vae.upscale_index_formula else vae.temporal_compression_decode()
+    up = vae.upscale_ratio[0]
+    if all(up(n) == k * (n - 1) + 1 for n in (1, 2, 3)):
+        causal = True
+    elif all(up(n) == k * n for n in (1, 2, 3)):
+        causal = False
+    else:
+        raise ValueError(f"{type(vae.first_stage_model).__name__}: unsupported time mapping "
+                         f"({[up(n) for n in (1, 2, 3)]} frames for 1..3 latent frames)")
+    import comfy.ldm.wan.vae as wan21
+    import comfy.ldm.wan.vae2_2 as wan22
+    time_cache = isinstance(vae.first_stage_model, (wan21.WanVAE, wan22.WanVAE))
+    return _tv.VAEShape(int(vae.latent_channels), spatial, k, causal, time_cache)
+
+
+def _decode_heads(model) -> list[tuple[_torch.nn.Module, int, str]]:
+    """Split points of decoders known to work with a global head, deepest first:
+    ``(module, scale vs latent grid, name)``. Empty for other VAEs (plain tiling)."""
+    import comfy.ldm.wan.vae as wan21
+    from comfy.ldm.modules.diffusionmodules.model import Decoder
+    dec = getattr(model, "decoder", None)
+    if type(dec) is Decoder and not dec.give_pre_end:
+        top = dec.num_resolutions - 1
+        heads = [(dec.up[top].upsample, 2, f"decoder.up.{top}.upsample")] if top > 0 else []
+        return heads + [(dec.mid.block_2, 1, "decoder.mid.block_2")]
+    if type(dec) is wan21.Decoder3d:
+        ups = [i for i, m in enumerate(dec.upsamples) if isinstance(m, wan21.Resample) and m.mode.startswith("upsample")]
+        heads = [(dec.upsamples[ups[0]], 2, f"decoder.upsamples.{ups[0]}")] if ups else []
+        return heads + [(dec.middle[-1], 1, f"decoder.middle.{len(dec.middle) - 1}")]
+    return []
+
+
+def _encode_tails(model) -> list[tuple[_torch.nn.Module, int, str]]:
+    """Split points of encoders known to work with a global tail, deepest first:
+    ``(module whose input is on the latent grid × scale, scale, name)``. Empty for other VAEs."""
+    import comfy.ldm.wan.vae as wan21
+    from comfy.ldm.modules.diffusionmodules.model import Encoder
+    enc = getattr(model, "encoder", None)
+    if type(enc) is Encoder:
+        top = enc.num_resolutions - 1
+        tails = [(enc.down[top - 1].downsample, 2, f"encoder.down.{top - 1}.downsample")] if top > 0 else []
+        if enc.num_res_blocks > 0:
+            return tails + [(enc.down[top].block[0], 1, f"encoder.down.{top}.block.0")]
+        return tails + [(enc.mid.block_1, 1, "encoder.mid.block_1")]
+    if type(enc) is wan21.Encoder3d:
+        downs = [i for i, m in enumerate(enc.downsamples) if isinstance(m, wan21.Resample)]
+        tails = [(enc.downsamples[downs[-1]], 2, f"encoder.downsamples.{downs[-1]}")] if downs else []
+        i = downs[-1] + 1 if downs else len(enc.downsamples)
+        if i < len(enc.downsamples):
+            return tails + [(enc.downsamples[i], 1, f"encoder.downsamples.{i}")]
+        return tails + [(enc.middle[0], 1, "encoder.middle.0")]
+    return []
+
+
+def _head_bytes(vae, fn, module: _torch.nn.Module, scale: int, plan, probe) -> float:
+    """Peak working memory of the global-head pass on the whole latent (bytes): measured on CUDA
+    with two probe latents; elsewhere modelled as 4 activations of the module's width at the
+    latent resolution plus 3 at its own resolution (``scale``² times more pixels)."""
+    from ..global_context import GlobalHead
+    n = plan.grid_shape[-1] * plan.grid_shape[-2]
+    if _torch.device(vae.device).type == "cuda":
+        def run(z):
+            GlobalHead(module, scale=scale).capture(lambda: fn(z), tuple(z.shape[-2:]))
+        return _tv.measure_tile_cost(run, probe, vae.device).bytes_for(n)
+    ch = max((p.shape[0] for p in module.parameters() if p.ndim >= 2), default=512)
+    return ch * n * (4 + 3 * scale * scale) * mm.dtype_size(vae.vae_dtype)
+
+
+def _tail_bytes(vae, module: _torch.nn.Module, scale: int, plan) -> float:
+    """Modelled peak of the global-tail pass (bytes): the assembled map (the module's width at
+    its resolution) in the working dtype, plus 3 activations of that size and 4 at the latent
+    resolution (the middle block)."""
+    n = plan.grid_shape[-1] * plan.grid_shape[-2] * (plan.tile_shape[0] if len(plan.axes) == 3 else 1)
+    ch = max((p.shape[1] for p in module.parameters() if p.ndim >= 2), default=512)
+    return ch * n * (4 + 4 * scale * scale) * mm.dtype_size(vae.vae_dtype)
+
+
+def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_model, tail_dummy=None):
+    """Shared body of :func:`tiled_vae_decode` / :func:`tiled_vae_encode` (``x`` channel-first).
+
+    Order: validate and plan (errors before any work) → load the VAE through ComfyUI's memory
+    manager asking for the memory of ONE tile → tile cost (measured on CUDA, else modelled)
+    → largest tile within the budget → run.
+    """
+    import comfy.utils
+    shape = vae_shape(vae)
+    dims = tuple(x.shape[2:])
+    args = (opts.temporal_size, opts.temporal_overlap)
+    plan = _tv.make_plan(shape, direction, dims, opts.tile_px, opts.overlap_px, *args)
+    s = shape.spatial_factor
+    on_gpu = _torch.device(vae.device).type != "cpu"
+    weights = vae.model_size() if on_gpu else 0
+    if opts.memory_budget_gb > 0 and opts.memory_budget_gb * 2 ** 30 <= weights:
+        raise ValueError(f"memory_budget_gb {opts.memory_budget_gb} GiB does not even hold the VAE's weights "
+                         f"({weights / 2 ** 30:.2f} GiB); raise it or set 0 (use the free memory)")
+    modelled = _tv.TileCost(0.0, cost_model(plan.tile_shape[0] if shape.video else 1, s), "modelled")
+    units = lambda p: p.tile_shape[-1] * p.tile_shape[-2]
+    # Ask the memory manager for one tile (capped: a huge tile_size must not push the VAE itself
+    # into lowvram mode; the tile is fitted to what is free afterwards).
+    ask = min(modelled.bytes_for(units(plan)), 0.5 * mm.get_total_memory(vae.device))
+    if opts.memory_budget_gb > 0:
+        ask = min(ask, opts.memory_budget_gb * 2 ** 30 - weights)
+    mm.load_models_gpu([vae.patcher], memory_required=ask, force_full_load=vae.disable_offload)
+    if opts.memory_budget_gb > 0:
+        budget, budget_source = opts.memory_budget_gb * 2 ** 30 - weights, "memory_budget_gb"
+    else:
+        budget, budget_source = 0.9 * mm.get_free_memory(vae.device), "free memory"
+    lead = tuple(a.amap.in_span(0, a.length)[1] for a in plan.axes[:-2])  # a tile's frames (input units)
+    ch, k = (shape.latent_channels, 1) if direction == "decode" else (3, s)
+    probe = lambda t: _torch.rand((1, ch) + lead + (t * k, t * k))
+    cost = modelled
+    if _torch.device(vae.device).type == "cuda":
+        cost = _tv.measure_tile_cost(fn, probe, vae.device)
+    grid_hw = plan.grid_shape[-2:]
+    min_tile = opts.overlap_px // s + 1
+    t = _tv.fit_tile(grid_hw, cost, budget, max(1, opts.tile_px // s), min_tile)
+    if t is None:
+        raise ValueError(f"memory budget ({budget / 2 ** 30:.2f} GiB besides the VAE's weights, from {budget_source}) is "
+                         f"too small for the smallest tile ({min_tile * s} px, about "
+                         f"{cost.bytes_for(min_tile ** 2) / 2 ** 30:.2f} GiB): raise memory_budget_gb or lower overlap")
+    if t * s < opts.tile_px and t < max(grid_hw):
+        plan = _tv.make_plan(shape, direction, dims, t * s, opts.overlap_px, *args)
+    head = tail = None
+    if opts.global_context and plan.num_tiles > 1 and not (shape.video and len(plan.axes[0].starts) > 1):
+        if direction == "decode":
+            for h in _decode_heads(vae.first_stage_model):
+                if _head_bytes(vae, fn, h[0], h[1], plan, probe) <= budget:
+                    head = h
+                    break
+        else:
+            for c in _encode_tails(vae.first_stage_model):
+                if _tail_bytes(vae, c[0], c[1], plan) <= budget:
+                    tail = c
+                    break
+    norm = _NormStats(vae.first_stage_model) if opts.shared_norm_stats else None
+    pbar = comfy.utils.ProgressBar(_tv.steps_for(plan, x.shape[0], bool(norm and norm.available), bool(head), bool(tail)))
+
+    def on_step():
+        pbar.update(1)
+        mm.throw_exception_if_processing_interrupted()
+
+    t0 = _time.perf_counter()
+    out = _tv.run_tiled(x, fn, plan, norm_stats=norm, head_module=head[0] if head else None,
+                        head_scale=head[1] if head else 1, tail_module=tail[0] if tail else None,
+                        tail_scale=tail[1] if tail else 1,
+                        tail_dummy=tail_dummy, on_step=on_step, output_device=vae.output_device)
+    info = {
+        "direction": direction, "vae": type(vae.first_stage_model).__name__,
+        "input_shape": list(x.shape), "output_shape": list(out.shape), "items": int(x.shape[0]),
+        "tile_px": [n * s for n in plan.tile_shape[-2:]], "tile_limit_px": min(t, max(grid_hw)) * s,
+        "overlap_px": opts.overlap_px,
+        "plan": plan.describe(), "tiles_per_item": plan.num_tiles,
+        "time": ("none" if not shape.video else "whole length per tile (causal cache carried by the VAE)"
+                 if shape.time_cache else f"tiles of {plan.tile_shape[0]} latent frames"),
+        "shared_norm_stats": bool(norm and norm.available and plan.num_tiles > 1),
+        "global_context": (head[2] if head else tail[2] if tail else "off"),
+        "memory_budget_bytes": int(max(0, budget)), "budget_source": budget_source,
+        "tile_bytes_estimate": int(cost.bytes_for(units(plan))), "cost_source": cost.source,
+        "seconds": round(_time.perf_counter() - t0, 3),
+    }
+    return out, info
+
+
+def tiled_vae_decode(vae, samples: _torch.Tensor, opts: TiledVAEOptions) -> tuple[_torch.Tensor, dict]:
+    """Decode a LATENT tensor (``[B, C, H, W]``, video ``[B, C, T, H, W]``) tile by tile.
+
+    Returns (IMAGE ``[N, H·s, W·s, 3]`` float32 on ComfyUI's intermediate device — video frames
+    of all items concatenated as VAEDecode does — and the plan/info dict). Raises ValueError
+    before any decoding on a latent that does not fit the VAE or on bad sizes.
+    """
+    shape = vae_shape(vae)
+    want = 5 if shape.video else 4
+    if samples.ndim != want:
+        raise ValueError(f"LATENT has shape {tuple(samples.shape)}; this VAE ({type(vae.first_stage_model).__name__}) "
+                         f"decodes {'[B, C, T, H, W] video' if shape.video else '[B, C, H, W] image'} latents")
+    if samples.shape[1] != shape.latent_channels:
+        raise ValueError(f"LATENT has {samples.shape[1]} channels but this VAE ({type(vae.first_stage_model).__name__}) "
+                         f"expects {shape.latent_channels}: is it the VAE of the model that made the latent?")
+    model, dtype, device, out_dev = vae.first_stage_model, vae.vae_dtype, vae.device, vae.output_device
+
+    def fn(z):
+        return model.decode(z.to(dtype).to(device)).to(out_dev).float()
+
+    def cost_model(frames, s):
+        dims = (1, shape.latent_channels) + ((frames,) if shape.video else ()) + (16, 16)
+        return vae.memory_used_decode(dims, dtype) / 256.0
+
+    out, info = _run(vae, "decode", samples, fn, opts, cost_model)
+    images = vae.process_output(out).movedim(1, -1)
+    if images.ndim == 5:
+        images = images.reshape((-1,) + tuple(images.shape[-3:]))
+    return images, info
+
+
+def tiled_vae_encode(vae, pixels: _torch.Tensor, opts: TiledVAEOptions) -> tuple[_torch.Tensor, dict]:
+    """Encode an IMAGE (``[B, H, W, C≥3]``; for a video VAE the batch is the frames) tile by tile.
+
+    Pixels are centre-cropped to a multiple of the VAE's compression as VAEEncode does.
+    Returns (LATENT samples, info dict). Raises ValueError before any encoding on bad input.
+    """
+    shape = vae_shape(vae)
+    if pixels.ndim != 4 or pixels.shape[-1] < 3:
+        raise ValueError(f"IMAGE has shape {tuple(pixels.shape)}; expected [batch, height, width, 3]")
+    s = shape.spatial_factor
+    if pixels.shape[1] < s or pixels.shape[2] < s:
+        raise ValueError(f"IMAGE of {pixels.shape[2]}x{pixels.shape[1]} px is smaller than one latent pixel ({s}x{s} px)")
+    x = vae.vae_encode_crop_pixels(pixels[..., :3]).movedim(-1, 1)
+    if shape.video:
+        x = x.unsqueeze(2) if vae.not_video else x.movedim(1, 0).unsqueeze(0)
+    model, dtype, device, out_dev = vae.first_stage_model, vae.vae_dtype, vae.device, vae.output_device
+
+    def fn(px):
+        return model.encode(vae.process_input(px).to(dtype).to(device)).to(out_dev).float()
+
+    def cost_model(frames, s_):
+        lead = (shape.time_factor * (frames - 1) + 1,) if shape.video else ()
+        return vae.memory_used_encode((1, 3) + lead + (16 * s_, 16 * s_), dtype) / 256.0
+
+    return _run(vae, "encode", x, fn, opts, cost_model, tail_dummy=lambda xb: xb[..., :s, :s])

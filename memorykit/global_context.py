@@ -1,0 +1,178 @@
+"""Global low-resolution context for tiled VAEs (plain torch, no ComfyUI).
+
+A VAE decoder starts at the latent resolution with a "middle" block (ResNet blocks around a
+self-attention over *all* latent positions) and only then upsamples; an encoder ends with the
+same kind of block. Attention is global: run on a tile it attends to the tile only, and no
+overlap fixes that. But at the latent resolution the block is cheap (SD at 2048²: 256² latent
+positions × 512 channels, ≈ 64 MiB per activation in bf16 — a small fraction of one 512² tile's
+working memory at full resolution). So:
+
+- :class:`GlobalHead` (decode): run the decoder once on the whole latent up to the end of the
+  middle block and keep that output (on the output device); every tile's forward then gets
+  the crop of it for its own latent region instead of computing the middle block on the tile.
+  The capture run hands the rest of the decoder a 1×1 crop, so the upsampling part costs
+  nothing there.
+- :class:`GlobalTail` (encode): each tile runs the encoder's downsampling part only (the tail
+  gets a 1×1 crop); its input to the middle block is blended into one latent-resolution
+  feature map with the tiles' weights; one last run feeds that map to the middle block and
+  the output layers (the downsampling part runs on a one-latent-pixel dummy input).
+
+Both work through forward (pre-)hooks on one module named by the caller (the split point),
+removed when each context manager exits. A module called once per latent frame (Wan's causal
+time chunks) gets one entry per call, matched by call order.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .norm_stats import channel_stats, downsample_for_stats
+
+
+def _crop(t: torch.Tensor, hs: slice, ws: slice) -> torch.Tensor:
+    return t[..., hs, ws]
+
+
+class _Calls:
+    def __init__(self):
+        self.k = 0
+
+    def next(self) -> int:
+        k, self.k = self.k, self.k + 1
+        return k
+
+
+class GlobalHead:
+    """Output of ``module`` (last two dims = latent height/width) computed on the whole input.
+
+    ``store_device``: where captured outputs are kept (default: where they were computed);
+    ``scale``: resolution of the output relative to the latent grid (1 = latent resolution,
+    2 = after one 2× upsampling).
+    """
+
+    def __init__(self, module: nn.Module, store_device=None, scale: int = 1):
+        self.module = module
+        self.scale = int(scale)
+        self.store_device = store_device
+        self.outputs: list[torch.Tensor] = []
+        self.stats: list[tuple[torch.Tensor, ...]] = []
+        self.calls = _Calls()
+
+    @contextlib.contextmanager
+    def _hook(self, fn: Callable[[int, torch.Tensor], torch.Tensor]):
+        self.calls = _Calls()
+        h = self.module.register_forward_hook(lambda m, args, out: fn(self.calls.next(), out))
+        try:
+            yield self
+        finally:
+            h.remove()
+
+    def capture(self, run: Callable[[], object], grid_hw: tuple[int, int]) -> None:
+        """Call ``run()`` (the tile function on the whole input) once, keeping every output of
+        ``module``; the rest of the forward continues on a 1×1 crop and its result is dropped.
+        Raises RuntimeError when the output is not on the ``grid_hw`` latent grid."""
+        self.outputs, self.stats = [], []
+        grid_hw = tuple(n * self.scale for n in grid_hw)
+
+        def keep(k, out):
+            if tuple(out.shape[-2:]) != grid_hw:
+                raise RuntimeError(f"global context: {type(self.module).__name__} returned {tuple(out.shape)}, "
+                                   f"expected the latent grid {tuple(grid_hw)} in its last two dims")
+            flat = out.detach().reshape((-1,) + tuple(out.shape[-3:]))
+            self.stats.append(channel_stats(flat, per_sample=True))  # where it was computed: fast
+            self.outputs.append(out.detach().to(self.store_device or out.device))
+            return out[..., :1, :1]
+
+        with self._hook(keep):
+            run()
+
+    def resized(self, hw: tuple[int, int]):
+        """Context: ``module`` returns the captured output resized (nearest-exact) to ``hw``."""
+        hw = tuple(n * self.scale for n in hw)
+
+        def give(k, out):
+            k = min(k, len(self.outputs) - 1)
+            g = self.outputs[k]
+            lead = g.shape[:-2]
+            g = downsample_for_stats(g.reshape((-1,) + tuple(g.shape[-3:])), hw, per_sample=True, stats=self.stats[k])
+            return g.reshape(tuple(lead) + hw).to(device=out.device, dtype=out.dtype)
+        return self._hook(give)
+
+    def cropping(self, hs: slice, ws: slice):
+        """Context: ``module`` returns the captured output's crop ``[..., hs, ws]`` (one tile)."""
+        r = self.scale
+        hs, ws = slice(hs.start * r, hs.stop * r), slice(ws.start * r, ws.stop * r)
+
+        def give(k, out):
+            if k >= len(self.outputs):
+                raise RuntimeError(f"global context: {type(self.module).__name__} ran {k + 1} times in a tile, "
+                                   f"{len(self.outputs)} times on the whole input")
+            return _crop(self.outputs[k], hs, ws).to(device=out.device, dtype=out.dtype)
+        return self._hook(give)
+
+
+class GlobalTail:
+    """Input of ``module`` (last two dims = latent height/width) assembled from tiles, then the
+    module and everything after it run once on the whole map.
+
+    ``grid_hw``: latent grid (height, width) of the whole input; ``store_device``: where the
+    blended map is kept (float32); ``scale``: resolution of the module's input relative to the
+    latent grid (1, or 2 before the encoder's last 2× downsampling).
+    """
+
+    def __init__(self, module: nn.Module, grid_hw: tuple[int, int], store_device=None, scale: int = 1):
+        self.module = module
+        self.scale = int(scale)
+        self.grid_hw = tuple(n * self.scale for n in grid_hw)
+        self.store_device = store_device
+        self.maps: list[torch.Tensor] = []
+        self.calls = _Calls()
+
+    @contextlib.contextmanager
+    def _pre_hook(self, fn: Callable[[int, torch.Tensor], torch.Tensor]):
+        self.calls = _Calls()
+        h = self.module.register_forward_pre_hook(
+            lambda m, args: (fn(self.calls.next(), args[0]),) + tuple(args[1:]))
+        try:
+            yield self
+        finally:
+            h.remove()
+
+    def _small(self, x: torch.Tensor) -> torch.Tensor:
+        # one latent pixel's worth (scale × scale: a 2× downsampling conv needs at least 2×2)
+        return x[..., :self.scale, :self.scale]
+
+    def skipping(self):
+        """Context: ``module`` and everything after it run on one latent pixel (statistics pre-pass)."""
+        return self._pre_hook(lambda k, x: self._small(x))
+
+    def collecting(self, hs: slice, ws: slice, weights: torch.Tensor):
+        """Context for one tile at latent rows ``hs`` / columns ``ws``: ``module``'s input is
+        added, times ``weights`` (``[h, w]`` float32, latent grid), into the whole map; the rest
+        of the forward continues on one latent pixel's worth of it."""
+        r = self.scale
+        hs, ws = slice(hs.start * r, hs.stop * r), slice(ws.start * r, ws.stop * r)
+        weights = weights.repeat_interleave(r, 0).repeat_interleave(r, 1)
+
+        def take(k, x):
+            if tuple(x.shape[-2:]) != (hs.stop - hs.start, ws.stop - ws.start):
+                raise RuntimeError(f"global context: input of {type(self.module).__name__} is {tuple(x.shape)}, "
+                                   f"expected the tile's latent size {(hs.stop - hs.start, ws.stop - ws.start)}")
+            dev = self.store_device or x.device
+            while len(self.maps) <= k:
+                self.maps.append(torch.zeros(tuple(x.shape[:-2]) + self.grid_hw, dtype=torch.float32, device=dev))
+            self.maps[k][..., hs, ws].addcmul_(x.to(device=dev, dtype=torch.float32), weights.to(dev))
+            return self._small(x)
+        return self._pre_hook(take)
+
+    def finishing(self):
+        """Context: ``module``'s input is replaced by the assembled map (call by call)."""
+        def give(k, x):
+            if k >= len(self.maps):
+                raise RuntimeError(f"global context: {type(self.module).__name__} ran {k + 1} times in the final "
+                                   f"pass, {len(self.maps)} times per tile")
+            return self.maps[k].to(device=x.device, dtype=x.dtype)
+        return self._pre_hook(give)
