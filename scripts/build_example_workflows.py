@@ -141,6 +141,9 @@ def combined_sd15() -> dict:
     p["12"] = {"class_type": "MemoryKitMemoryReport", "inputs": {"value": ["8", 0], "label": "after decode", "reset_peak": True}}
     p["9"]["inputs"]["images"] = ["12", 0]
     p["9"]["inputs"]["filename_prefix"] = "MemoryKit/combined_sd15"
+    return p
+
+
 def _tiled_decode(samples: list, vae: list, tile: int, overlap: int) -> dict:
     return {"class_type": "MemoryKitTiledVAEDecode",
             "inputs": {"samples": samples, "vae": vae, "tile_size": tile, "overlap": overlap, "temporal_size": 64,
