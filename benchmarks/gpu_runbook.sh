@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_runbook.sh
 # Writes into $OUT (or benchmarks/results/ when OUT is unset): bench_gpu.json/.png (our harness,
 # every case side by side), anchor.jsonl (design.md's anchor script, same run, same machine),
-# env.txt. Commit them under benchmarks/results/ with the date.
+# vae_gpu.json, env.txt. Commit them under benchmarks/results/ with the date.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -18,10 +18,12 @@ export COMFYUI_PATH="$ROOT/gpu_bundle/ComfyUI"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "import torch, diffusers; print('torch', torch.__version__, 'diffusers', diffusers.__version__)"; } > "$OUTDIR/env.txt" 2>&1
 cat "$OUTDIR/env.txt"
 # 1. Our harness: baselines + every MemoryKit case, 1024² and 2048².
-timeout 420 python3 -m benchmarks.run --device cuda --depth 8 --single 16 --res 1024,2048 --iters 3 \
+timeout 330 python3 -m benchmarks.run --device cuda --depth 8 --single 16 --res 1024,2048 --iters 3 \
   --out "$OUTDIR/bench_gpu.json" 2>&1 | tee "$OUTDIR/bench_gpu.log"
-# 2. The anchor script beside it (same machine, same run).
+# 2. Tiled VAE: untiled vs core tiled vs ours, SD-KL VAE at 2048² with 512/64 tiles.
+timeout 90 python3 -m benchmarks.vae_bench --res 2048 --tile 512 --overlap 64 --out "$OUTDIR/vae_gpu.json" 2>&1 | tee "$OUTDIR/vae_gpu.log"
+# 3. The anchor script beside it (same machine, same run).
 if [ -f gpu_bundle/anchor_flux.py ]; then
-  DEV=cuda DEPTH=8 SINGLE=16 RES=1024 ITERS=3 timeout 240 python3 gpu_bundle/anchor_flux.py > "$OUTDIR/anchor.jsonl" 2>&1
+  DEV=cuda DEPTH=8 SINGLE=16 RES=1024 ITERS=3 timeout 150 python3 gpu_bundle/anchor_flux.py > "$OUTDIR/anchor.jsonl" 2>&1
   tail -n 20 "$OUTDIR/anchor.jsonl"
 fi

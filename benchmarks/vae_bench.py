@@ -1,0 +1,92 @@
+"""Tiled VAE benchmark: untiled decode vs ComfyUI core's tiled decode vs MemoryKit's Tiled VAE
+Decode, side by side on one SD-KL VAE (random finite weights, ComfyUI's own classes).
+
+    python -m benchmarks.vae_bench --res 2048 --tile 512 --overlap 64     # GPU (runbook)
+    python -m benchmarks.vae_bench --res 256 --tile 128 --overlap 32      # CPU
+
+Per case: seconds per decode, ratio to untiled, peak VRAM (CUDA), relative L2 error vs
+untiled. Issue 5's targets: decode with 512/64 tiles ≤ 1.6× untiled (core: 4.3× on the H200
+anchor), error ≤ 1/4 of core's, peak under the budget given. Prints JSON lines and a table.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from harness import comfy_env, models, paths  # noqa: E402
+
+
+def build_vae(device: torch.device):
+    """ComfyUI VAE object around an SD-KL AutoencoderKL with random weights (std 0.02)."""
+    import comfy.sd
+    from comfy.ldm.models.autoencoder import AutoencoderKL
+    ddconfig = {"double_z": True, "z_channels": 4, "resolution": 256, "in_channels": 3, "out_ch": 3,
+                "ch": 128, "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0}
+    ae = models.randomize_(AutoencoderKL(ddconfig=ddconfig, embed_dim=4), models.SEED + 2)
+    return comfy.sd.VAE(sd=ae.state_dict())
+
+
+def timed(fn, device, iters):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / iters
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
+    return dt, out.float().cpu(), peak
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--res", type=int, default=2048)
+    ap.add_argument("--tile", type=int, default=512)
+    ap.add_argument("--overlap", type=int, default=64)
+    ap.add_argument("--iters", type=int, default=1)
+    ap.add_argument("--budget-gb", type=float, default=0.0)
+    ap.add_argument("--out", help="JSON output")
+    args = ap.parse_args(argv)
+    comfy_env.setup_comfy()
+    paths.technique_package()
+    tio = importlib.import_module("memorykit_tech.comfy_integration.tiled_vae_io")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    vae = build_vae(device)
+    lat = torch.randn(1, 4, args.res // 8, args.res // 8, generator=torch.Generator().manual_seed(0))
+    t, o = args.tile // 8, args.overlap // 8
+    opts = tio.TiledVAEOptions(tile_px=args.tile, overlap_px=args.overlap, memory_budget_gb=args.budget_gb)
+    cases = [("untiled", lambda: vae.decode(lat)),
+             (f"core_tiled_{args.tile}_{args.overlap}", lambda: vae.decode_tiled(lat, tile_x=t, tile_y=t, overlap=o)),
+             (f"memorykit_tiled_{args.tile}_{args.overlap}", lambda: tio.tiled_vae_decode(vae, lat, opts)[0])]
+    rows, ref, t_ref = [], None, None
+    for name, fn in cases:
+        dt, out, peak = timed(fn, device, args.iters)
+        if ref is None:
+            ref, t_ref = out, dt
+        err = float((out - ref).norm() / ref.norm())
+        rows.append({"case": name, "res": args.res, "s_per_decode": round(dt, 4), "ratio_to_untiled": round(dt / t_ref, 3),
+                     "peak_vram_bytes": peak, "rel_err_vs_untiled": round(err, 5)})
+        print(json.dumps(rows[-1]), flush=True)
+    print(f"\n{'case':<28} {'s/decode':>9} {'×untiled':>9} {'peak GiB':>9} {'err':>8}")
+    for r in rows:
+        pk = "-" if r["peak_vram_bytes"] is None else f"{r['peak_vram_bytes'] / 2**30:.2f}"
+        print(f"{r['case']:<28} {r['s_per_decode']:>9.3f} {r['ratio_to_untiled']:>9.2f} {pk:>9} {r['rel_err_vs_untiled']:>8.4f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"device": str(device), "torch": torch.__version__, "results": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
