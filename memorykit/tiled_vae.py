@@ -144,6 +144,7 @@ def _spatial_weights(plan: TilePlan, idx: tuple[int, ...]) -> torch.Tensor:
 
 def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan: TilePlan, *,
               norm_stats: SharedGroupNormStats | None = None, head_module: nn.Module | None = None, head_scale: int = 1,
+              head_store_device=None,
               tail_module: nn.Module | None = None, tail_scale: int = 1, tail_dummy: Callable[[torch.Tensor], torch.Tensor] | None = None,
               on_step: Callable[[], None] | None = None, output_device=None) -> torch.Tensor:
     """Apply ``fn`` tile by tile and blend: one pass, each tile run once.
@@ -154,7 +155,9 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
     With more than one tile, per item and in this order:
 
     - ``head_module`` (decode, see :class:`GlobalHead`): one run of ``fn`` on the whole item
-      keeps that module's output; each tile gets its crop. Requires time not to be tiled.
+      keeps that module's output (on ``head_store_device``, default ``output_device``); each
+      tile gets its crop. ``head_scale``: its resolution vs the latent grid. Requires time not
+      to be tiled.
     - ``norm_stats``: a statistics pre-pass on a downsampled copy (see ``norm_stats.py``);
       every tile then normalises with those statistics.
     - the tiles, blended with the plan's weights;
@@ -203,7 +206,7 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
             continue
         head = tail = None
         if head_module is not None:
-            head = GlobalHead(head_module, store_device=output_device, scale=head_scale)
+            head = GlobalHead(head_module, store_device=head_store_device or output_device, scale=head_scale)
             head.capture(lambda xb=xb: fn(xb), plan.grid_shape[-2:])
             step()
         if tail_module is not None:
