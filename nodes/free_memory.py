@@ -1,15 +1,13 @@
 """Free Memory node: passthrough that unloads models and empties caches at its point of the graph."""
 from __future__ import annotations
 
-import math
-
 from comfy_api.latest import io
 
 from ..memorykit import comfy_integration, memory, report
-from .schema_util import make_schema
+from .schema_util import PassthroughNode, make_schema
 
 
-class FreeMemory(io.ComfyNode):
+class FreeMemory(PassthroughNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return make_schema(
@@ -36,17 +34,6 @@ class FreeMemory(io.ComfyNode):
             ],
             outputs=[io.AnyType.Output("passthrough", display_name="value", tooltip="The input, unchanged.")],
         )
-
-    @classmethod
-    def validate_inputs(cls, input_types=None, **kwargs) -> bool:
-        # Accepting `input_types` tells ComfyUI to skip its type check: this input takes any type.
-        return True
-
-    @classmethod
-    def fingerprint_inputs(cls, **kwargs):
-        # Models loaded by an earlier queue stay loaded even when these inputs are unchanged:
-        # free them on every run.
-        return math.nan
 
     @classmethod
     def execute(cls, value, unload_models: bool = True, empty_cache: bool = True) -> io.NodeOutput:

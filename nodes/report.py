@@ -1,15 +1,13 @@
 """Memory Report node: passthrough of any value plus a memory report as UI output."""
 from __future__ import annotations
 
-import math
-
 from comfy_api.latest import io
 
 from ..memorykit import comfy_integration, memory, report
-from .schema_util import make_schema
+from .schema_util import PassthroughNode, make_schema
 
 
-class MemoryReport(io.ComfyNode):
+class MemoryReport(PassthroughNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return make_schema(
@@ -34,16 +32,6 @@ class MemoryReport(io.ComfyNode):
             ],
             outputs=[io.AnyType.Output("passthrough", display_name="value", tooltip="The input, unchanged.")],
         )
-
-    @classmethod
-    def validate_inputs(cls, input_types=None, **kwargs) -> bool:
-        # Accepting `input_types` tells ComfyUI to skip its type check: this input takes any type.
-        return True
-
-    @classmethod
-    def fingerprint_inputs(cls, **kwargs):
-        # Memory changes between runs even when the inputs do not: always report afresh.
-        return math.nan
 
     @classmethod
     def execute(cls, value, label: str = "", reset_peak: bool = True) -> io.NodeOutput:

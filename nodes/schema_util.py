@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from comfy_api.latest import io
 
@@ -28,3 +29,18 @@ def make_schema(*, search_aliases: list[str] | None = None, **fields) -> io.Sche
     if search_aliases and supports_search_aliases():
         fields["search_aliases"] = list(search_aliases)
     return io.Schema(**fields)
+
+
+class PassthroughNode(io.ComfyNode):
+    """Base of nodes that take any value (input ``value``) and pass it through (output
+    ``passthrough``), running on every queue: memory changes between runs even when the inputs
+    do not."""
+
+    @classmethod
+    def validate_inputs(cls, input_types=None, **kwargs) -> bool:
+        # Accepting `input_types` tells ComfyUI to skip its type check: this input takes any type.
+        return True
+
+    @classmethod
+    def fingerprint_inputs(cls, **kwargs):
+        return math.nan
