@@ -1,8 +1,10 @@
-"""Group offloading of a plain ``nn.Module``, built on ``diffusers.hooks.apply_group_offloading``.
+"""Group offloading of a plain ``nn.Module``: MemoryKit's event ring or ``diffusers.hooks.apply_group_offloading``.
 
 :func:`apply_group_offload` keeps the remainder and, under a budget, as many blocks as fit on
-the onload device (see :mod:`memorykit.offload_plan`) and lets diffusers stream the other
-blocks from CPU RAM or disk. :func:`remove_group_offload` undoes it exactly.
+the onload device (see :mod:`memorykit.offload_plan`) and streams the other blocks: from CPU
+RAM with :class:`memorykit.offload_stream.EventRing` (``scheduler="memorykit"``, the default;
+why: see that module) or diffusers' hooks, from disk with diffusers' hooks.
+:func:`remove_group_offload` undoes it exactly.
 :func:`offload_figures` returns the figures a benchmark needs. No ComfyUI knowledge here.
 
 Where this code does what diffusers does not (each marked "why" below):
@@ -28,8 +30,9 @@ import weakref
 import torch
 from torch import nn
 
-from .offload_plan import (BlockLists, GroupOffloadOptions, OffloadPlan, default_block_lists, module_tensors,
-                           plan_offload)
+from .offload_plan import (BlockLists, GroupOffloadOptions, OffloadPlan, default_block_lists, group_tensors,
+                           module_tensors, plan_offload, stream_groups)
+from .offload_stream import EventRing, cuda_ok
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +65,11 @@ class GroupOffloadHandle:
         self._locked: list[tuple[int, torch.Tensor]] = []  # (data_ptr, tensor keeping the storage alive)
         self._torch_hooks: list = []
         self._dir_finalizer = None
+        self.ring: EventRing | None = None  # the event-ring scheduler, when it streams (see offload_stream)
 
 
 def _pinned(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and torch.cuda.is_available() and t.is_pinned()
-
-
-def _cuda_ok(rc) -> bool:
-    try:
-        return int(getattr(rc, "value", rc)) == 0
-    except (TypeError, ValueError):
-        return rc == 0
 
 
 def _move_(t: torch.Tensor, device: torch.device) -> None:
@@ -122,7 +119,7 @@ def _page_lock(h: GroupOffloadHandle, tensors) -> None:
         if ptr in seen:
             continue
         seen.add(ptr)
-        if _cuda_ok(cudart.cudaHostRegister(ptr, st.nbytes(), 1)):  # 1 = cudaHostRegisterPortable
+        if cuda_ok(cudart.cudaHostRegister(ptr, st.nbytes(), 1)):  # 1 = cudaHostRegisterPortable
             h._locked.append((ptr, t.data))
 
 
@@ -207,6 +204,13 @@ def apply_group_offload(module: nn.Module, onload_device: str | torch.device,
     lists = default_block_lists(module) if block_lists is None else block_lists
     plan = plan_offload(module, options, budget_bytes, lists)
     h = GroupOffloadHandle(module, plan, options, onload, offload)
+    if options.event_ring and (plan.streamed_blocks or not plan.remainder_resident):
+        try:
+            _apply_event_ring(h, lists)
+        except BaseException:
+            remove_group_offload(h)
+            raise
+        return h
     try:
         by_name = {n: b for _, bl in lists for n, b in bl}
         streamed_blocks = [by_name[n] for n in plan.streamed_blocks]
@@ -256,6 +260,25 @@ def apply_group_offload(module: nn.Module, onload_device: str | torch.device,
         remove_group_offload(h)
         raise
     return h
+
+
+def _apply_event_ring(h: GroupOffloadHandle, lists: BlockLists) -> None:
+    """Stream the plan's groups with :class:`memorykit.offload_stream.EventRing` (cpu target).
+
+    The ring's weights are packed into host buffers (page-locked on a GPU unless
+    ``low_cpu_mem_usage``); every other tensor goes to the onload device."""
+    module, plan, options = h.module, h.plan, h.options
+    mods = stream_groups(module, plan, lists, options)
+    pairs = [(m, ts) for m, ts in zip(mods, group_tensors(mods, module)) if ts]
+    streamed = {id(t) for _, ts in pairs for t in ts}
+    for t in module_tensors(module):
+        _move_(t, h.offload_device if id(t) in streamed else h.onload_device)
+    module.__dict__[_MARK] = weakref.ref(h)
+    h.ring = EventRing(module, pairs, h.onload_device, plan.buffer_bytes, use_stream=options.use_stream,
+                       pin=not options.low_cpu_mem_usage)
+    block_level = options.offload_type == "block_level"
+    by_name = {n: b for _, bl in lists for n, b in bl}
+    _install_counters(h, [(n, by_name[n]) for n in plan.streamed_blocks] if block_level else [])
 
 
 def _install_counters(h: GroupOffloadHandle, check: list[tuple[str, nn.Module]]) -> None:
@@ -331,6 +354,8 @@ def remove_group_offload(h: GroupOffloadHandle) -> None:
     module = h.module
     if h.onload_device.type == "cuda" and torch.cuda.is_initialized():
         torch.cuda.synchronize(h.onload_device)
+    if h.ring is not None:
+        h.ring.remove()  # tensors back on plain CPU memory, host buffers unlocked
     for g in _collect_groups(module):
         _restore_group_values(g)
     for m in module.modules():
@@ -353,7 +378,7 @@ def remove_group_offload(h: GroupOffloadHandle) -> None:
         torch.cuda.synchronize()
         cudart = torch.cuda.cudart()
         for ptr, _ in h._locked:
-            if not _cuda_ok(cudart.cudaHostUnregister(ptr)):
+            if not cuda_ok(cudart.cudaHostUnregister(ptr)):
                 log.warning("cudaHostUnregister failed for a weight at 0x%x", ptr)
         h._locked.clear()
     for th in h._torch_hooks:
@@ -377,6 +402,21 @@ def offload_figures(h: GroupOffloadHandle) -> dict:
     host memory holding weights now (measured); ``disk_bytes``: size of the offload files.
     """
     p = h.plan
+    o = h.options
+    same = h.onload_device == h.offload_device
+    if h.ring is not None:
+        ring = h.ring.figures()
+        return {
+            **p.as_dict(), "onload_device": str(h.onload_device), "offload_device": str(h.offload_device),
+            "offload_to": o.offload_to, "use_stream": o.use_stream, "record_stream": o.record_stream,
+            "low_cpu_mem_usage": o.low_cpu_mem_usage, "num_blocks_per_group": o.group_size,
+            "scheduler": "memorykit", "groups": ring["groups"], "forwards": h.forwards,
+            "h2d_bytes_per_forward": 0 if same else p.streamed_bytes, "d2h_bytes_per_forward": 0,
+            "disk_read_bytes_per_forward": 0, "pinned_host_bytes": 0 if h.removed else ring["pinned_host_bytes"],
+            "copied_bytes": ring["copied_bytes"], "copied_bytes_last_forward": ring["copied_bytes_last_forward"],
+            "ring_bytes": ring["ring_bytes"],
+            "disk_bytes": 0, "disk_dir": None, "removed": h.removed,
+        }
     groups = [] if h.removed else _collect_groups(h.module)
     pinned, seen = 0, set()
     for g in groups:
@@ -388,13 +428,11 @@ def offload_figures(h: GroupOffloadHandle) -> dict:
     disk = 0
     if h.disk_dir and os.path.isdir(h.disk_dir):
         disk = sum(e.stat().st_size for e in os.scandir(h.disk_dir) if e.is_file())
-    same = h.onload_device == h.offload_device
-    o = h.options
     return {
         **p.as_dict(), "onload_device": str(h.onload_device), "offload_device": str(h.offload_device),
         "offload_to": o.offload_to, "use_stream": o.use_stream, "record_stream": o.record_stream,
         "low_cpu_mem_usage": o.low_cpu_mem_usage, "num_blocks_per_group": o.group_size,
-        "groups": len(groups), "forwards": h.forwards,
+        "scheduler": "diffusers", "groups": len(groups), "forwards": h.forwards,
         "h2d_bytes_per_forward": 0 if same else p.streamed_bytes,
         "d2h_bytes_per_forward": p.streamed_bytes if (not o.use_stream and o.offload_to == "cpu" and not same) else 0,
         "disk_read_bytes_per_forward": p.streamed_bytes if o.offload_to == "disk" else 0,

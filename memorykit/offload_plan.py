@@ -18,6 +18,9 @@ from torch import nn
 
 OFFLOAD_TYPES = ("block_level", "leaf_level")
 OFFLOAD_TARGETS = ("cpu", "disk")
+SCHEDULERS = ("memorykit", "diffusers")
+ALIGN_BYTES = 512  # tensor alignment inside packed host buffers and the device ring (cudaMalloc gives 512)
+RING_GROUPS = {"block_level": 2, "leaf_level": 4}  # event ring size, in largest groups (see ring_bytes)
 
 # Layers diffusers streams one by one in leaf_level (diffusers.hooks._common._GO_LC_SUPPORTED_PYTORCH_LAYERS).
 LEAF_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
@@ -34,6 +37,11 @@ class GroupOffloadOptions:
     a block list puts the whole list in one group; diffusers forces 1 with ``use_stream``).
     ``offload_to``: ``"cpu"`` (weights wait in RAM) or ``"disk"`` (one safetensors file per group).
     ``exclude_kwargs``: keyword arguments the hooks must not copy to the onload device.
+    ``scheduler``: who streams from CPU RAM: ``"memorykit"`` (:mod:`memorykit.offload_stream`,
+    event-ordered prefetch into a preallocated ring, any group size; ``record_stream`` has no
+    effect there) or ``"diffusers"`` (its hooks as they are). Disk offload always uses diffusers.
+    ``ring_groups``: event ring size in largest groups (0 = :data:`RING_GROUPS`; 1 = no
+    overlap of copy and compute, each group replaces the previous one).
     """
 
     offload_type: str = "block_level"
@@ -43,6 +51,8 @@ class GroupOffloadOptions:
     low_cpu_mem_usage: bool = False
     offload_to: str = "cpu"
     exclude_kwargs: tuple[str, ...] = ()
+    scheduler: str = "memorykit"
+    ring_groups: int = 0
 
     def validate(self, onload_device: torch.device | None = None) -> None:
         """Raise ValueError naming the option to change when the combination is invalid."""
@@ -50,6 +60,10 @@ class GroupOffloadOptions:
             raise ValueError(f"offload_type must be one of {OFFLOAD_TYPES}, got {self.offload_type!r}")
         if self.offload_to not in OFFLOAD_TARGETS:
             raise ValueError(f"offload_to must be one of {OFFLOAD_TARGETS}, got {self.offload_to!r}")
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        if self.ring_groups < 0:
+            raise ValueError(f"ring_groups must be ≥ 0 (0 = default), got {self.ring_groups}")
         if self.num_blocks_per_group < 1:
             raise ValueError(f"num_blocks_per_group must be ≥ 1, got {self.num_blocks_per_group}")
         if self.record_stream and not self.use_stream:
@@ -59,9 +73,14 @@ class GroupOffloadOptions:
                              "when computing on the CPU")
 
     @property
+    def event_ring(self) -> bool:
+        """True when MemoryKit's event-ring scheduler streams (memorykit scheduler, cpu target)."""
+        return self.scheduler == "memorykit" and self.offload_to == "cpu"
+
+    @property
     def group_size(self) -> int:
-        """Blocks per group as diffusers will use them (1 with streams)."""
-        return 1 if self.use_stream else self.num_blocks_per_group
+        """Blocks per group as they will stream (diffusers forces 1 with streams; the ring does not)."""
+        return 1 if self.use_stream and not self.event_ring else self.num_blocks_per_group
 
 
 def tensor_bytes(tensors) -> int:
@@ -72,6 +91,17 @@ def tensor_bytes(tensors) -> int:
             seen.add(id(t))
             total += t.numel() * t.element_size()
     return total
+
+
+def packed_layout(tensors) -> tuple[list[int], int]:
+    """Byte offsets of ``tensors`` packed one after another, each at a multiple of
+    :data:`ALIGN_BYTES`, and the packed size in bytes (a multiple of it too)."""
+    offsets, total = [], 0
+    for t in tensors:
+        offsets.append(total)
+        n = t.numel() * t.element_size()
+        total += -(-n // ALIGN_BYTES) * ALIGN_BYTES
+    return offsets, total
 
 
 def module_tensors(module: nn.Module) -> list[torch.Tensor]:
@@ -174,10 +204,20 @@ def plan_offload(module: nn.Module, options: GroupOffloadOptions, budget_bytes: 
     remainder_bytes = tensor_bytes(t for t in module_tensors(module) if id(t) not in block_ids)
     sizes = {n: tensor_bytes(module_tensors(b)) for n, b in blocks}
     plan = OffloadPlan(options.offload_type, remainder_bytes=remainder_bytes, budget_bytes=budget_bytes)
-    factor = 1 + int(options.use_stream) + int(options.record_stream)
+    ring = options.event_ring
+    if ring:  # the event ring: ring_groups largest groups
+        factor = options.ring_groups or RING_GROUPS[options.offload_type]
+    else:  # diffusers: the group computing, the one prefetched, one held by record_stream
+        factor = 1 + int(options.use_stream) + int(options.record_stream)
+    gsizes = {n: packed_layout(module_tensors(b))[1] for n, b in blocks} if ring else sizes
     if options.offload_type == "block_level":  # any group ≤ the group_size largest blocks of its list
-        buffer = factor * max((sum(sorted((sizes[n] for n, _ in bl), reverse=True)[:options.group_size])
+        buffer = factor * max((sum(sorted((gsizes[n] for n, _ in bl), reverse=True)[:options.group_size])
                                for _, bl in lists), default=0)
+        if ring:
+            buffer = min(buffer, sum(gsizes.values()))
+    elif ring:
+        leaves = [packed_layout(module_tensors(m))[1] for m in module.modules() if isinstance(m, LEAF_TYPES)]
+        buffer = min(factor * max(leaves, default=0), sum(leaves))
     else:
         buffer = factor * _largest_leaf_group([module])
 
@@ -206,11 +246,63 @@ def plan_offload(module: nn.Module, options: GroupOffloadOptions, budget_bytes: 
         plan.streamed_bytes += remainder_bytes
     if plan.streamed_blocks or not plan.remainder_resident:
         if options.offload_type == "block_level":
-            plan.buffer_bytes = factor * _largest_window(lists, set(plan.streamed_blocks), sizes,
+            plan.buffer_bytes = factor * _largest_window(lists, set(plan.streamed_blocks), gsizes,
                                                          options.group_size)
+            if ring:  # a ring larger than every streamed group together would hold nothing more
+                plan.buffer_bytes = min(plan.buffer_bytes, sum(gsizes[n] for n in plan.streamed_blocks))
+        elif ring:  # leaves stream, other tensors (norm scales, modulation vectors) stay resident
+            groups = group_tensors(stream_groups(module, plan, lists, options), module)
+            plan.streamed_bytes = tensor_bytes(t for ts in groups for t in ts)
+            plan.resident_bytes = tensor_bytes(module_tensors(module)) - plan.streamed_bytes
+            sizes_g = [packed_layout(ts)[1] for ts in groups]
+            plan.buffer_bytes = min(factor * max(sizes_g, default=0), sum(sizes_g))
         else:
             plan.buffer_bytes = buffer
     return plan
+
+
+def stream_groups(module: nn.Module, plan: OffloadPlan, block_lists: BlockLists,
+                  options: GroupOffloadOptions) -> list[list[nn.Module]]:
+    """The module groups the event ring streams, in module order.
+
+    block_level: ``group_size`` consecutive streamed blocks of one list per group.
+    leaf_level: one group per :data:`LEAF_TYPES` layer with tensors inside a streamed block
+    (and, when the remainder streams, outside every block); tensors of other modules stay
+    resident.
+    """
+    streamed = set(plan.streamed_blocks)
+    if options.offload_type == "block_level":
+        out = []
+        for _, bl in block_lists:
+            s = [b for n, b in bl if n in streamed]
+            out += [s[i:i + options.group_size] for i in range(0, len(s), options.group_size)]
+        return out
+    inside: dict[int, bool] = {}  # id(submodule) → is it in a streamed block
+    for _, bl in block_lists:
+        for n, b in bl:
+            for m in b.modules():
+                inside[id(m)] = n in streamed
+    return [[m] for m in module.modules()
+            if isinstance(m, LEAF_TYPES) and inside.get(id(m), not plan.remainder_resident)
+            and next(iter(list(m.parameters()) + list(m.buffers())), None) is not None]
+
+
+def group_tensors(groups: list[list[nn.Module]], root: nn.Module | None = None) -> list[list[torch.Tensor]]:
+    """Each group's parameters and buffers, leaving out tensors that belong to more than one
+    group or (given ``root``) also to a module of ``root`` outside every group: tied weights
+    must stay resident, a group's copy would not be the other user's."""
+    per = [module_tensors(nn.ModuleList(mods)) for mods in groups]
+    count: dict[int, int] = {}
+    for ts in per:
+        for t in ts:
+            count[id(t)] = count.get(id(t), 0) + 1
+    if root is not None:
+        inside = {id(m) for mods in groups for top in mods for m in top.modules()}
+        for m in root.modules():
+            if id(m) not in inside:
+                for t in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False)):
+                    count[id(t)] = count.get(id(t), 0) + 2
+    return [[t for t in ts if count[id(t)] == 1] for ts in per]
 
 
 def _largest_window(lists: BlockLists, streamed: set[str], sizes: dict[str, int], n: int) -> int:

@@ -7,13 +7,15 @@ from comfy_api.latest import io
 import folder_paths
 
 from ..memorykit import comfy_integration
-from ..memorykit.offload_plan import GroupOffloadOptions
+from ..memorykit.offload_plan import SCHEDULERS, GroupOffloadOptions
 
 DESCRIPTION = (
     "Keeps the diffusion model's weights in CPU RAM (or on disk) and streams its blocks to the GPU "
     "just in time, so models larger than VRAM run. Under a VRAM budget as many blocks as fit stay "
     "resident and only the rest stream. Applied when sampling loads the model, undone when ComfyUI "
-    "unloads it; the output equals the plain model's. Built on diffusers' group offloading. "
+    "unloads it; the output equals the plain model's. From CPU RAM, MemoryKit's event-ring scheduler "
+    "prefetches the next groups into a fixed VRAM ring without stalling the GPU; disk offload uses "
+    "diffusers' group offloading. "
     "Without a GPU, offload_to=cpu passes the model through unchanged; offload_to=disk saves RAM."
 )
 
@@ -32,28 +34,36 @@ def _offload_inputs() -> list:
                                "offers; everything streams on a CPU-only machine). A small value (e.g. 0.5) "
                                "streams everything."),
         io.Boolean.Input("use_stream", default=True,
-                         tooltip="Copy the next group on a separate CUDA stream while the current one computes "
-                                 "(the fast path; weights are page-locked in place). GPU only, ignored on CPU."),
+                         tooltip="Copy the next groups on a separate CUDA stream while the current one computes "
+                                 "(the fast path; offloaded weights are page-locked). GPU only, ignored on CPU."),
         io.Boolean.Input("record_stream", default=False,
-                         tooltip="With use_stream: free streamed weights without waiting for the GPU (a little "
-                                 "faster, a little more VRAM). Needs use_stream."),
+                         tooltip="diffusers scheduler with use_stream: free streamed weights without waiting for "
+                                 "the GPU (a little faster, a little more VRAM). Needs use_stream; the memorykit "
+                                 "scheduler never waits, so it ignores this."),
         io.Boolean.Input("low_cpu_mem_usage", default=False,
-                         tooltip="With use_stream: do not page-lock all offloaded weights; pin each group while "
-                                 "copying it instead (less locked RAM, slower)."),
+                         tooltip="Do not page-lock the offloaded weights (no locked RAM; copies from pageable "
+                                 "memory are slower and do not overlap compute)."),
         io.Combo.Input("offload_to", options=["cpu", "disk"], default="cpu",
                        tooltip="Where offloaded weights wait: cpu = RAM; disk = safetensors files in disk_folder "
                                "(for low RAM), deleted when the model is unloaded."),
         io.String.Input("disk_folder", default="",
                         tooltip="Folder for offload files (offload_to=disk). Must exist and be writable; a "
                                 "fast SSD is best. Empty = ComfyUI's temp folder."),
+        io.Combo.Input("scheduler", options=list(SCHEDULERS), default="memorykit", optional=True,
+                       tooltip="Who streams from CPU RAM. memorykit: prefetch into a fixed VRAM ring ordered by "
+                               "CUDA events (the host never waits; any num_blocks_per_group). diffusers: its "
+                               "group-offloading hooks as they are. Disk offload always uses diffusers."),
     ]
 
 
 def _settings(node_id, offload_type, num_blocks_per_group, vram_budget_gb, use_stream, record_stream,
-              low_cpu_mem_usage, offload_to, disk_folder) -> comfy_integration.GroupOffloadSettings:
+              low_cpu_mem_usage, offload_to, disk_folder,
+              scheduler="memorykit") -> comfy_integration.GroupOffloadSettings:
+    # scheduler is optional: workflows saved before it existed run with the default
     options = GroupOffloadOptions(offload_type=offload_type, num_blocks_per_group=num_blocks_per_group,
                                   use_stream=use_stream, record_stream=record_stream,
-                                  low_cpu_mem_usage=low_cpu_mem_usage, offload_to=offload_to)
+                                  low_cpu_mem_usage=low_cpu_mem_usage, offload_to=offload_to,
+                                  scheduler=scheduler or "memorykit")
     options.validate()
     return comfy_integration.GroupOffloadSettings(options=options, vram_budget_bytes=int(vram_budget_gb * 2**30),
                                                   disk_folder=disk_folder.strip(),

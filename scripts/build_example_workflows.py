@@ -119,7 +119,8 @@ def group_offload_wan21_t2v() -> dict:
     p["12"] = {"class_type": "MemoryKitGroupOffload",
                "inputs": {"model": ["1", 0], "offload_type": "block_level", "num_blocks_per_group": 1,
                           "vram_budget_gb": 0.0, "use_stream": True, "record_stream": False,
-                          "low_cpu_mem_usage": False, "offload_to": "disk", "disk_folder": ""}}
+                          "low_cpu_mem_usage": False, "offload_to": "disk", "disk_folder": "",
+                          "scheduler": "memorykit"}}
     p["6"]["inputs"]["model"] = ["12", 0]
     p["11"]["inputs"]["filename_prefix"] = "MemoryKit/group_offload_wan21"
     return p
@@ -135,7 +136,8 @@ def combined_sd15() -> dict:
     p["11"] = {"class_type": "MemoryKitGroupOffload",
                "inputs": {"model": ["10", 0], "offload_type": "block_level", "num_blocks_per_group": 1,
                           "vram_budget_gb": 0.0, "use_stream": True, "record_stream": False,
-                          "low_cpu_mem_usage": False, "offload_to": "disk", "disk_folder": ""}}
+                          "low_cpu_mem_usage": False, "offload_to": "disk", "disk_folder": "",
+                          "scheduler": "memorykit"}}
     p["6"]["inputs"]["model"] = ["11", 0]
     p["8"] = _tiled_decode(["6", 0], ["7", 0], 128, 32)
     p["12"] = {"class_type": "MemoryKitMemoryReport", "inputs": {"value": ["8", 0], "label": "after decode", "reset_peak": True}}

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import comfy_env, models, paths  # noqa: E402
+from harness import comfy_env, models, offload_models, paths  # noqa: E402
 from harness.server import ComfyServer  # noqa: E402
 
 
@@ -57,3 +57,20 @@ def ci(comfy):
     """The pack's ``memorykit.comfy_integration`` package (imported through the pack)."""
     from comfyui_memorykit.memorykit import comfy_integration as mod
     return mod
+
+
+@pytest.fixture(scope="module")
+def loaded(comfy, fixture_models):
+    """``loaded(key)``: the ``sd15``/``wan``/``flux`` diffusion model of the fixtures as a
+    :class:`harness.offload_models.Loaded` (one in memory at a time)."""
+    cache: dict[str, offload_models.Loaded] = {}
+
+    def get(key: str) -> offload_models.Loaded:
+        if key not in cache:
+            for other in list(cache):  # one model in memory at a time (the Flux one is 2.2 GB)
+                del cache[other]
+            cache[key] = offload_models.Loaded(key, fixture_models[key])
+        return cache[key]
+
+    yield get
+    cache.clear()

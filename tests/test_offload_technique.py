@@ -15,91 +15,31 @@ import pytest
 import torch
 
 
-def _inputs(key: str) -> tuple[tuple, dict]:
-    g = torch.Generator().manual_seed(1234)
-    if key == "sd15":
-        return (torch.randn(1, 4, 8, 8, generator=g), torch.tensor([500.0])), \
-            {"context": torch.randn(1, 77, 768, generator=g)}
-    if key == "wan":
-        return (torch.randn(1, 16, 3, 8, 8, generator=g), torch.tensor([500.0]),
-                torch.randn(1, 8, 4096, generator=g)), {}
-    return (torch.randn(1, 16, 16, 16, generator=g), torch.tensor([0.5]), torch.randn(1, 8, 4096, generator=g)), \
-        {"y": torch.randn(1, 768, generator=g), "guidance": torch.tensor([3.5])}
-
-
-class Loaded:
-    """A diffusion model loaded by ComfyUI, its inputs and its plain output."""
-
-    def __init__(self, key: str, path):
-        import comfy.sd
-        self.key, self.path = key, path
-        self.patcher = comfy.sd.load_diffusion_model(str(path))
-        self.dm = self.patcher.model.diffusion_model
-        self.args, self.kwargs = _inputs(key)
-        self.aligned = {id(t) for t in self.tensors() if t.data_ptr() % 64 == 0}
-        self.reference = self.forward()
-
-    def forward(self) -> torch.Tensor:
-        with torch.no_grad():
-            return self.dm(*self.args, **self.kwargs)
-
-    def tensors(self):
-        return list(self.dm.parameters()) + list(self.dm.buffers())
-
-    def block_lists(self):
-        from comfyui_memorykit.memorykit import comfy_integration
-        return comfy_integration.comfy_block_lists(self.dm)
-
-    def assert_restored(self) -> None:
-        """Weights as loaded: values equal the file's, on the CPU, unpinned, aligned as before;
-        no hook, instance ``forward`` or registry left on any submodule."""
-        from safetensors import safe_open
-        prefix = "model.diffusion_model." if self.key == "sd15" else ""
-        with safe_open(str(self.path), framework="pt") as f:
-            for k, v in self.dm.state_dict().items():
-                assert torch.equal(v, f.get_tensor(prefix + k).to(v.dtype)), k
-        for t in self.tensors():
-            assert t.device.type == "cpu" and not t.is_pinned()
-            assert id(t) not in self.aligned or t.data_ptr() % 64 == 0
-        for name, m in self.dm.named_modules():
-            assert "forward" not in m.__dict__ and "_diffusers_hook" not in m.__dict__, name
-            assert not m._forward_pre_hooks and not m._forward_hooks, name
-        assert "memorykit_streamed_0" not in dict(self.dm.named_children())
-
-
-@pytest.fixture(scope="module")
-def loaded(comfy, fixture_models):
-    cache: dict[str, Loaded] = {}
-
-    def get(key: str) -> Loaded:
-        if key not in cache:
-            for other in list(cache):  # one model in memory at a time (the Flux one is 2.2 GB)
-                del cache[other]
-            cache[key] = Loaded(key, fixture_models[key])
-        return cache[key]
-
-    yield get
-    cache.clear()
-
-
 # (model, offload_type, num_blocks_per_group, offload_to, budget): all pairs covered, see module doc.
 ALL = 1000
+# The cpu target streams through the event ring (memorykit scheduler, the default) unless the
+# case names diffusers; disk always goes through diffusers' hooks.
 CASES = [
     ("sd15", "block_level", 1, "cpu", None), ("sd15", "block_level", 2, "disk", "partial"),
     ("sd15", "block_level", ALL, "disk", None), ("sd15", "leaf_level", 1, "cpu", "partial"),
     ("wan", "block_level", 1, "disk", "partial"), ("wan", "block_level", 2, "cpu", None),
     ("wan", "block_level", ALL, "cpu", "partial"), ("wan", "leaf_level", 1, "disk", None),
     ("flux", "block_level", 1, "cpu", "partial"), ("flux", "leaf_level", 1, "disk", None),
+    ("flux", "leaf_level", 1, "cpu", None),
+    ("sd15", "leaf_level", 1, "cpu", None, "diffusers"), ("wan", "block_level", 2, "cpu", "partial", "diffusers"),
 ]
+CASES = [c if len(c) == 6 else c + ("memorykit",) for c in CASES]
 
 
-@pytest.mark.parametrize("key,offload_type,n,target,budget", CASES,
-                         ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[3]}-{c[4] or 'stream_all'}" for c in CASES])
-def test_offloaded_output_is_bit_exact_and_removal_restores(loaded, tmp_path, key, offload_type, n, target, budget):
+@pytest.mark.parametrize("key,offload_type,n,target,budget,scheduler", CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[3]}-{c[4] or 'stream_all'}-{c[5]}" for c in CASES])
+def test_offloaded_output_is_bit_exact_and_removal_restores(loaded, tmp_path, key, offload_type, n, target, budget,
+                                                            scheduler):
     from comfyui_memorykit.memorykit import offload
     from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions, plan_offload
     m = loaded(key)
-    opts = GroupOffloadOptions(offload_type=offload_type, num_blocks_per_group=n, offload_to=target)
+    opts = GroupOffloadOptions(offload_type=offload_type, num_blocks_per_group=n, offload_to=target,
+                               scheduler=scheduler)
     lists = m.block_lists()
     budget_bytes = None
     if budget == "partial":  # the remainder, the buffers and about half of the blocks
@@ -117,6 +57,9 @@ def test_offloaded_output_is_bit_exact_and_removal_restores(loaded, tmp_path, ke
             assert torch.equal(m.forward(), m.reference)
         fig = offload.offload_figures(h)
         assert fig["forwards"] == forwards and fig["groups"] > 0
+        assert fig["scheduler"] == ("memorykit" if target == "cpu" and scheduler == "memorykit" else "diffusers")
+        if fig["scheduler"] == "memorykit":  # the ring really copied: every streamed byte at least once
+            assert fig["copied_bytes"] >= plan.streamed_bytes > 0
         assert fig["pinned_host_bytes"] == 0 and fig["h2d_bytes_per_forward"] == 0  # onload = offload = cpu
         if target == "disk":
             assert fig["disk_bytes"] >= plan.streamed_bytes and os.listdir(tmp_path) == [os.path.basename(h.disk_dir)]

@@ -382,6 +382,7 @@ def _group_offload_outer_sample(executor, *args, **kwargs):
         _torch.cuda.reset_peak_memory_stats(dev)
     st0 = patcher.model.__dict__.get(_STATE_ATTR)
     f0 = st0.handle.forwards if st0 is not None else 0
+    c0 = st0.handle.ring.copied_bytes if st0 is not None and st0.handle.ring is not None else 0
     t0 = _time.perf_counter()
     try:
         out = executor(*args, **kwargs)
@@ -394,9 +395,12 @@ def _group_offload_outer_sample(executor, *args, **kwargs):
     st = patcher.model.__dict__.get(_STATE_ATTR)
     if st is not None:
         forwards = st.handle.forwards - (f0 if st is st0 else 0)
-        st.last_run = {"forwards": forwards, "seconds": _time.perf_counter() - t0,
-                       "bytes_moved": forwards * (st.handle.plan.streamed_bytes
-                                                  if st.device != st.offload_device or st.handle.disk_dir else 0),
+        if st.handle.ring is not None:  # measured: bytes the event ring copied during this run
+            moved = st.handle.ring.copied_bytes - (c0 if st is st0 else 0)
+        else:
+            moved = forwards * (st.handle.plan.streamed_bytes if st.device != st.offload_device or st.handle.disk_dir
+                                else 0)
+        st.last_run = {"forwards": forwards, "seconds": _time.perf_counter() - t0, "bytes_moved": moved,
                        "peak_vram_bytes": _torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None}
         node_id = st.settings.node_id
         if node_id is not None:
