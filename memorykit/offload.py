@@ -404,19 +404,18 @@ def offload_figures(h: GroupOffloadHandle) -> dict:
     p = h.plan
     o = h.options
     same = h.onload_device == h.offload_device
+    common = {
+        **p.as_dict(), "onload_device": str(h.onload_device), "offload_device": str(h.offload_device),
+        "offload_to": o.offload_to, "use_stream": o.use_stream, "record_stream": o.record_stream,
+        "low_cpu_mem_usage": o.low_cpu_mem_usage, "num_blocks_per_group": o.group_size, "forwards": h.forwards,
+        "h2d_bytes_per_forward": 0 if same else p.streamed_bytes, "removed": h.removed,
+    }
     if h.ring is not None:
         ring = h.ring.figures()
-        return {
-            **p.as_dict(), "onload_device": str(h.onload_device), "offload_device": str(h.offload_device),
-            "offload_to": o.offload_to, "use_stream": o.use_stream, "record_stream": o.record_stream,
-            "low_cpu_mem_usage": o.low_cpu_mem_usage, "num_blocks_per_group": o.group_size,
-            "scheduler": "memorykit", "groups": ring["groups"], "forwards": h.forwards,
-            "h2d_bytes_per_forward": 0 if same else p.streamed_bytes, "d2h_bytes_per_forward": 0,
-            "disk_read_bytes_per_forward": 0, "pinned_host_bytes": 0 if h.removed else ring["pinned_host_bytes"],
-            "copied_bytes": ring["copied_bytes"], "copied_bytes_last_forward": ring["copied_bytes_last_forward"],
-            "ring_bytes": ring["ring_bytes"],
-            "disk_bytes": 0, "disk_dir": None, "removed": h.removed,
-        }
+        return {**common, "scheduler": "memorykit", "groups": ring["groups"], "d2h_bytes_per_forward": 0,
+                "disk_read_bytes_per_forward": 0, "pinned_host_bytes": 0 if h.removed else ring["pinned_host_bytes"],
+                "copied_bytes": ring["copied_bytes"], "copied_bytes_last_forward": ring["copied_bytes_last_forward"],
+                "ring_bytes": ring["ring_bytes"], "disk_bytes": 0, "disk_dir": None}
     groups = [] if h.removed else _collect_groups(h.module)
     pinned, seen = 0, set()
     for g in groups:
@@ -429,12 +428,8 @@ def offload_figures(h: GroupOffloadHandle) -> dict:
     if h.disk_dir and os.path.isdir(h.disk_dir):
         disk = sum(e.stat().st_size for e in os.scandir(h.disk_dir) if e.is_file())
     return {
-        **p.as_dict(), "onload_device": str(h.onload_device), "offload_device": str(h.offload_device),
-        "offload_to": o.offload_to, "use_stream": o.use_stream, "record_stream": o.record_stream,
-        "low_cpu_mem_usage": o.low_cpu_mem_usage, "num_blocks_per_group": o.group_size,
-        "scheduler": "diffusers", "groups": len(groups), "forwards": h.forwards,
-        "h2d_bytes_per_forward": 0 if same else p.streamed_bytes,
+        **common, "scheduler": "diffusers", "groups": len(groups),
         "d2h_bytes_per_forward": p.streamed_bytes if (not o.use_stream and o.offload_to == "cpu" and not same) else 0,
         "disk_read_bytes_per_forward": p.streamed_bytes if o.offload_to == "disk" else 0,
-        "pinned_host_bytes": pinned, "disk_bytes": disk, "disk_dir": h.disk_dir, "removed": h.removed,
+        "pinned_host_bytes": pinned, "disk_bytes": disk, "disk_dir": h.disk_dir,
     }

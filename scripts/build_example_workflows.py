@@ -113,14 +113,19 @@ def fp8_sd15() -> dict:
     return p
 
 
+def _group_offload_disk(model) -> dict:
+    """Group Offload node, block_level to disk (runs on a CPU-only machine too)."""
+    return {"class_type": "MemoryKitGroupOffload",
+            "inputs": {"model": model, "offload_type": "block_level", "num_blocks_per_group": 1,
+                       "vram_budget_gb": 0.0, "use_stream": True, "record_stream": False,
+                       "low_cpu_mem_usage": False, "offload_to": "disk", "disk_folder": "",
+                       "scheduler": "memorykit"}}
+
+
 def group_offload_wan21_t2v() -> dict:
     """Wan 2.1 text-to-video through Group Offload (disk target, so it also saves RAM on a CPU-only machine)."""
     p = wan21_t2v()
-    p["12"] = {"class_type": "MemoryKitGroupOffload",
-               "inputs": {"model": ["1", 0], "offload_type": "block_level", "num_blocks_per_group": 1,
-                          "vram_budget_gb": 0.0, "use_stream": True, "record_stream": False,
-                          "low_cpu_mem_usage": False, "offload_to": "disk", "disk_folder": "",
-                          "scheduler": "memorykit"}}
+    p["12"] = _group_offload_disk(["1", 0])
     p["6"]["inputs"]["model"] = ["12", 0]
     p["11"]["inputs"]["filename_prefix"] = "MemoryKit/group_offload_wan21"
     return p
@@ -133,11 +138,7 @@ def combined_sd15() -> dict:
     p["10"] = {"class_type": "MemoryKitFp8LayerwiseCast",
                "inputs": {"model": ["1", 0], "storage_dtype": "float8_e4m3fn", "compute_dtype": "auto",
                           "fp8_matmul": False, "scaling": "per-tensor", "skip_preset": "auto", "extra_skip_patterns": ""}}
-    p["11"] = {"class_type": "MemoryKitGroupOffload",
-               "inputs": {"model": ["10", 0], "offload_type": "block_level", "num_blocks_per_group": 1,
-                          "vram_budget_gb": 0.0, "use_stream": True, "record_stream": False,
-                          "low_cpu_mem_usage": False, "offload_to": "disk", "disk_folder": "",
-                          "scheduler": "memorykit"}}
+    p["11"] = _group_offload_disk(["10", 0])
     p["6"]["inputs"]["model"] = ["11", 0]
     p["8"] = _tiled_decode(["6", 0], ["7", 0], 128, 32)
     p["12"] = {"class_type": "MemoryKitMemoryReport", "inputs": {"value": ["8", 0], "label": "after decode", "reset_peak": True}}
