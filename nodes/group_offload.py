@@ -104,7 +104,7 @@ class GroupOffloadLoader(io.ComfyNode):
             inputs=[
                 io.Combo.Input("unet_name", options=folder_paths.get_filename_list("diffusion_models"),
                                tooltip="Diffusion model file in models/diffusion_models."),
-                io.Combo.Input("weight_dtype", options=["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"],
+                io.Combo.Input("weight_dtype", options=comfy_integration.WEIGHT_DTYPES,
                                default="default", tooltip="Storage dtype, as in Load Diffusion Model: fp8 halves "
                                                           "the bytes streamed."),
             ] + _offload_inputs(),

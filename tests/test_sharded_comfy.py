@@ -254,7 +254,7 @@ def test_weight_dtype_matches_core(comfy, fixture_models, weight_dtype):
     from comfyui_memorykit.memorykit import comfy_integration as ci
     ours, info = ci.load_sharded_diffusion_model(fixture_models["sd15_unet_sharded"], weight_dtype,
                                                  progress=lambda d, t: None)
-    opts = ci.sharded_io._weight_dtype_options(weight_dtype)
+    opts = ci.weight_dtype_options(weight_dtype)
     ref = comfy.sd.load_diffusion_model_state_dict(comfy.utils.load_torch_file(str(fixture_models["sd15"])), opts)
     assert type(ours.model) is type(ref.model) and type(ours) is type(ref)
     assert ours.model.model_config.unet_config == ref.model.model_config.unet_config

@@ -1,17 +1,41 @@
 """The one package that knows ComfyUI's model management (``comfy.model_management``,
 ``comfy.model_patcher``). Node code calls in here; the technique modules never do.
 
-One file per technique, each with the ModelPatcher mechanics that technique needs:
-``common`` (loaded models), ``free`` (Free Memory), ``sharded_io`` (sharded load/save through
-ComfyUI's loaders), ``fp8_patcher`` (FP8 Layerwise Cast object patches), ``offload_patcher``
-(Group Offload ModelPatcher subclass), ``device_map_patcher`` (Balanced Device Map ModelPatcher
-subclass), ``tiled_vae_io`` (Tiled VAE on ComfyUI's VAE object). Their public names are re-exported here.
+Modules, one per technique plus two shared ones:
+
+- ``compat``: every difference between the supported ComfyUI versions, detected in one place;
+- ``common``: the models ComfyUI holds, ``weight_dtype`` → ``model_options``;
+- ``free`` (Free Memory), ``sharded_io`` (sharded load/save through core's loaders),
+  ``fp8_patcher`` (FP8 Layerwise Cast object patches), ``offload_patcher`` (Group Offload's
+  ModelPatcher subclass), ``device_map_patcher`` (Balanced Device Map's ModelPatcher subclass),
+  ``tiled_vae_io`` (Tiled VAE on core's VAE object).
+
+The names below are the public API the nodes use.
 """
-from .common import *  # noqa: F401,F403
-from .device_map_patcher import *  # noqa: F401,F403
-from .fp8_patcher import *  # noqa: F401,F403
-from .free import *  # noqa: F401,F403
-from .offload_patcher import *  # noqa: F401,F403
-from .sharded_io import *  # noqa: F401,F403
-from .tiled_vae_io import *  # noqa: F401,F403
-from . import device_map_patcher, fp8_patcher, offload_patcher, sharded_io, tiled_vae_io  # noqa: F401,E402
+from .common import WEIGHT_DTYPES, loaded_models, weight_dtype_options
+from .compat import is_dynamic, memory_path, opt_out_of_dynamic_vram, patcher_free_memory
+from .device_map_patcher import DEVICE_MAP_ATTACHMENT, DeviceMapPlan, device_map_applied, device_map_model
+from .fp8_patcher import FP8_ATTACHMENT, format_fp8_info, fp8_layerwise_cast, model_compute_dtype
+from .free import free_memory
+from .offload_patcher import (GROUP_OFFLOAD_KEY, GroupOffloadModelPatcher, GroupOffloadSettings,
+                              comfy_block_lists, group_offload_applied, group_offload_state_info,
+                              group_offload_ui, load_group_offload_model, prepare_group_offload)
+from .sharded_io import (diffusion_models_dir, load_sharded_diffusion_model, load_sharded_text_encoder,
+                         model_state_dict_for_saving, resolve_sharded, save_model_sharded, sharded_choices,
+                         sharded_ui, text_encoder_types)
+from .tiled_vae_io import TiledVAEOptions, tiled_vae_decode, tiled_vae_encode, vae_shape
+
+__all__ = [
+    "WEIGHT_DTYPES", "loaded_models", "weight_dtype_options",
+    "is_dynamic", "memory_path", "opt_out_of_dynamic_vram", "patcher_free_memory",
+    "DEVICE_MAP_ATTACHMENT", "DeviceMapPlan", "device_map_applied", "device_map_model",
+    "FP8_ATTACHMENT", "format_fp8_info", "fp8_layerwise_cast", "model_compute_dtype",
+    "free_memory",
+    "GROUP_OFFLOAD_KEY", "GroupOffloadModelPatcher", "GroupOffloadSettings", "comfy_block_lists",
+    "group_offload_applied", "group_offload_state_info", "group_offload_ui", "load_group_offload_model",
+    "prepare_group_offload",
+    "diffusion_models_dir", "load_sharded_diffusion_model", "load_sharded_text_encoder",
+    "model_state_dict_for_saving", "resolve_sharded", "save_model_sharded", "sharded_choices", "sharded_ui",
+    "text_encoder_types",
+    "TiledVAEOptions", "tiled_vae_decode", "tiled_vae_encode", "vae_shape",
+]

@@ -1,30 +1,25 @@
-"""ComfyUI integration: device map patcher (see the section comment below)."""
+"""Balanced Device Map inside ComfyUI: a device map applied when ComfyUI loads the model,
+removed when ComfyUI unloads or detaches it.
+
+Why a ModelPatcher subclass and not ``CallbacksMP.ON_LOAD``: ON_LOAD runs at the end of
+``ModelPatcher.load``, after ComfyUI has already moved the weights to the load device (or set up
+its lowvram casting) — for a model split across GPUs that is the out-of-memory we avoid.
+Overriding load/partially_load/partially_unload/unpatch_model/detach on a per-model subclass
+(the mechanism city96/ComfyUI-GGUF uses) lets ComfyUI patch the weights (LoRA) on the offload
+device and then hands placement to accelerate. The subclass is made over the input's own
+class, for the clone only: nothing of ComfyUI is replaced globally.
+"""
 from __future__ import annotations
 
-import comfy.model_management as mm  # noqa: F401
+import uuid
+from dataclasses import dataclass
 
-from .common import loaded_models  # noqa: F401
+import torch
 
-
-# =============================================================================================
-# Balanced Device Map (issue 7): a device map applied when ComfyUI loads the model, removed
-# when ComfyUI unloads/detaches it.
-#
-# Why a ModelPatcher subclass and not CallbacksMP.ON_LOAD: ON_LOAD runs at the end of
-# ModelPatcher.load, after ComfyUI has already moved the weights to the load device (or set up
-# its lowvram casting) — for a model split across GPUs that is the out-of-memory we avoid.
-# Overriding load/partially_load/partially_unload/unpatch_model/detach on a per-model subclass
-# (the mechanism city96/ComfyUI-GGUF uses) lets ComfyUI patch the weights (LoRA) on the offload
-# device and then hands placement to accelerate. The subclass is made over the input's own
-# class, for the clone only: nothing of ComfyUI is replaced globally.
-# =============================================================================================
-import uuid  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-
-import torch  # noqa: E402
-
-from .. import device_map as _dm  # noqa: E402
-from ..device_dispatch import dispatch_device_map as _dispatch  # noqa: E402
+from .. import device_map as dmap
+from ..device_dispatch import dispatch_device_map
+from .common import loaded_models
+from .compat import opt_out_of_dynamic_vram
 
 DEVICE_MAP_ATTACHMENT = "memorykit_device_map"
 # ComfyUI passes transformer_options (patches, wrappers, callbacks) down every forward; its
@@ -58,6 +53,11 @@ _APPLIED_ATTR = "memorykit_device_map_applied"
 
 def _applied(base_model) -> _AppliedDeviceMap | None:
     return base_model.__dict__.get(_APPLIED_ATTR)
+
+
+def device_map_applied(base_model) -> bool:
+    """True while a Balanced Device Map is applied to ``base_model`` (a ComfyUI BaseModel)."""
+    return _applied(base_model) is not None
 
 
 def _remove_applied_device_map(base_model, offload_device) -> bool:
@@ -94,12 +94,12 @@ class _DeviceMapPatcherMixin:
         # ComfyUI's own full load onto the offload device: applies weight patches (LoRA), no
         # lowvram casting, weights stay in RAM; accelerate then places them.
         super().load(self.offload_device, 0, force_patch_weights, True)
-        handle = _dispatch(self.model.diffusion_model, plan.device_map, plan.offload_folder, plan.main_device,
+        handle = dispatch_device_map(self.model.diffusion_model, plan.device_map, plan.offload_folder, plan.main_device,
                            skip_keys=_DEVICE_MAP_SKIP_KEYS)
         token = self.__dict__.setdefault("_mk_device_map_owner", uuid.uuid4().hex)
         self.model.__dict__[_APPLIED_ATTR] = _AppliedDeviceMap(handle, plan, token, self.patches_uuid)
-        on_load_device = _dm.bytes_per_device(self.model.diffusion_model, plan.device_map).get(
-            _dm.device_name(_map_device_of(device_to)), 0)
+        on_load_device = dmap.bytes_per_device(self.model.diffusion_model, plan.device_map).get(
+            dmap.device_name(_map_device_of(device_to)), 0)
         self.model.device = device_to
         self.model.model_lowvram = False
         self.model.model_loaded_weight_memory = on_load_device
@@ -156,21 +156,6 @@ def _device_map_patcher_class(base: type) -> type:
     return cls
 
 
-def _clone_without_dynamic_vram(model):
-    """``model.clone()``; on ComfyUI with dynamic VRAM (0.38+, ``ModelPatcherDynamic``) a clone that
-    opts out of it, or RuntimeError when that is not possible."""
-    if "Dynamic" not in type(model).__name__:
-        return model.clone()
-    try:
-        n = model.clone(disable_dynamic=True)
-    except TypeError:
-        n = None
-    if n is None or "Dynamic" in type(n).__name__:
-        raise RuntimeError("this ComfyUI manages the model with dynamic VRAM (ModelPatcherDynamic), which cannot "
-                           "carry a device map; start ComfyUI with --disable-dynamic-vram")
-    return n
-
-
 def _is_comfy_unet(diffusion_model) -> bool:
     return hasattr(diffusion_model, "input_blocks") and hasattr(diffusion_model, "output_blocks")
 
@@ -191,48 +176,47 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     from ..report import build_report, format_report
 
     diffusion_model = model.get_model_object("diffusion_model")
-    no_split = _dm.block_classes(diffusion_model)
+    no_split = dmap.block_classes(diffusion_model)
     if custom_device_map and custom_device_map.strip():
-        device_map = _dm.validate_device_map(diffusion_model, _dm.parse_custom_device_map(custom_device_map))
+        device_map = dmap.validate_device_map(diffusion_model, dmap.parse_custom_device_map(custom_device_map))
         budgets, source = None, "custom device map"
     else:
-        mm = _dm.parse_max_memory(max_memory)
-        device_map, budgets = _dm.plan_device_map(diffusion_model, mm.budgets, strategy, no_split, mm.allow_disk)
+        mm = dmap.parse_max_memory(max_memory)
+        device_map, budgets = dmap.plan_device_map(diffusion_model, mm.budgets, strategy, no_split, mm.allow_disk)
         source = f"{strategy}, max_memory {mm.describe()}"
-    split = _dm.split_blocks(device_map, _dm.block_names(diffusion_model, no_split))
-    main = _dm.main_device(device_map)
-    gpus = sorted({d for d in device_map.values() if d not in _dm.OFFLOAD_DEVICES}, key=str)
+    split = dmap.split_blocks(device_map, dmap.block_names(diffusion_model, no_split))
+    main = dmap.main_device(device_map)
+    gpus = sorted({d for d in device_map.values() if d not in dmap.OFFLOAD_DEVICES}, key=str)
     if _is_comfy_unet(diffusion_model) and len(gpus) > 1:
         raise ValueError("ComfyUI's UNet (SD1.x/SDXL) joins skip connections of its blocks in its own forward, so "
-                         f"its blocks cannot run on different GPUs ({', '.join(map(_dm.device_name, gpus))}); use "
+                         f"its blocks cannot run on different GPUs ({', '.join(map(dmap.device_name, gpus))}); use "
                          "one GPU plus cpu/disk, e.g. cuda:0=6GiB, cpu=32GiB")
     folder = (offload_folder or "").strip() or folder_paths.get_temp_directory()
     plan = DeviceMapPlan(device_map, main, folder)
-    clone = _clone_without_dynamic_vram(model)
+    clone = opt_out_of_dynamic_vram(model, "Balanced Device Map")
     clone.__class__ = _device_map_patcher_class(type(clone))
     clone.set_attachments(DEVICE_MAP_ATTACHMENT, plan)
 
     n_cuda = torch.cuda.device_count()
-    missing = [_dm.device_name(d) for d in gpus if isinstance(d, int) and d >= n_cuda]
-    per_device = _dm.bytes_per_device(diffusion_model, device_map)
+    missing = [dmap.device_name(d) for d in gpus if isinstance(d, int) and d >= n_cuda]
+    per_device = dmap.bytes_per_device(diffusion_model, device_map)
     rep = build_report("Balanced Device Map", loaded_models())
     rep.update({
         "device_map": dict(device_map),
         "strategy": None if budgets is None else strategy,
-        "max_memory": None if budgets is None else {_dm.device_name(d): int(b) for d, b in budgets.items()},
+        "max_memory": None if budgets is None else {dmap.device_name(d): int(b) for d, b in budgets.items()},
         "no_split_module_classes": no_split,
         "split_blocks": split,
         "bytes_per_device": per_device,
-        "main_device": _dm.device_name(main),
+        "main_device": dmap.device_name(main),
         "offload_folder": folder if "disk" in device_map.values() else None,
         "missing_devices": missing,
     })
     lines = [f"[Balanced Device Map] {source}",
-             "per device: " + ", ".join(f"{d} {_dm.format_bytes(b)}" for d, b in per_device.items()),
-             f"inputs on {_dm.device_name(main)}; blocks kept whole: {', '.join(no_split) or '-'}"]
-    lines += _dm.summarize_device_map(device_map, diffusion_model)
+             "per device: " + ", ".join(f"{d} {dmap.format_bytes(b)}" for d, b in per_device.items()),
+             f"inputs on {dmap.device_name(main)}; blocks kept whole: {', '.join(no_split) or '-'}"]
+    lines += dmap.summarize_device_map(device_map, diffusion_model)
     if missing:
         lines.append(f"NOTE: {', '.join(missing)} not on this machine: preview only, sampling will fail")
     text = "\n".join(lines + ["", format_report(rep)])
     return clone, rep, text
-# --------------------------------------------------------------------------------------------

@@ -1,30 +1,23 @@
-"""ComfyUI integration: fp8 patcher (see the section comment below)."""
+"""FP8 Layerwise Cast inside ComfyUI.
+
+The float8 tensors belong to the clone: each cast layer becomes a *new* ComfyUI cast-op module
+(same class as the original, plus :class:`_Fp8CastOp`) holding the float8 weight, its scale and
+a copy of the bias; the clone carries these modules as object patches. ComfyUI swaps object
+patches in at ``patch_model`` (before ``load`` moves weights, so only float8 bytes ever reach
+the device, and any later ON_LOAD hook such as group offloading sees and streams float8
+tensors) and restores the originals at ``unpatch_model``. The shared nn.Module is never
+written. LoRA patches (before or after this node) reach the new modules through ComfyUI's
+``convert_weight``/``set_weight`` protocol (as core's scaled-fp8 ops): at load the LoRA delta is
+added to the original high-precision weight in float32 and the sum is stored in float8 once.
+"""
 from __future__ import annotations
 
-import comfy.model_management as mm  # noqa: F401
-
-from .common import loaded_models  # noqa: F401
-
-
-# FP8 Layerwise Cast (issue 4)
-#
-# The float8 tensors belong to the clone: each cast layer becomes a *new* ComfyUI cast-op
-# module (same class as the original, plus the mixin below) holding the float8 weight, its
-# scale and a copy of the bias; the clone carries these modules as object patches. ComfyUI
-# swaps object patches in at ``patch_model`` (before ``load`` moves weights, so only float8
-# bytes ever reach the device, and any later ON_LOAD hook such as group offloading sees and
-# streams float8 tensors) and restores the originals at ``unpatch_model``. The shared
-# nn.Module is never written. LoRA patches (before or after this node) reach the new
-# modules through ComfyUI's ``convert_weight``/``set_weight`` protocol (as core's scaled-fp8
-# ops): at load the LoRA delta is added to the original high-precision weight in float32 and
-# the sum is stored in float8 once.
-# =============================================================================================
-import uuid as _uuid
+import uuid
 from typing import ClassVar
 
-import torch as _torch
+import torch
 
-from .. import fp8 as _fp8
+from .. import fp8
 
 FP8_ATTACHMENT = "memorykit_fp8"
 # Attributes ComfyUI sets on a loaded module; a new layer starts without them.
@@ -54,18 +47,18 @@ class _Fp8CastOp:
 
     def forward_comfy_cast_weights(self, input, *args, **kwargs):
         import comfy.ops
-        if self._mk_fp8_matmul and isinstance(self, _torch.nn.Linear) and _fp8.fp8_matmul_supported(input, self.weight):
+        if self._mk_fp8_matmul and isinstance(self, torch.nn.Linear) and fp8.fp8_matmul_supported(input, self.weight):
             # Weight stays float8 (moved to the device; lowvram LoRA functions return float8 too).
             weight, bias, offload_stream = comfy.ops.cast_bias_weight(self, input, dtype=self.weight.dtype,
                                                                       bias_dtype=input.dtype, offloadable=True)
-            out = _fp8.fp8_linear(input, weight, self.scale_weight, bias)
+            out = fp8.fp8_linear(input, weight, self.scale_weight, bias)
             comfy.ops.uncast_bias_weight(self, weight, bias, offload_stream)
             return out
         weight, bias, offload_stream = comfy.ops.cast_bias_weight(self, input, offloadable=True)
-        if isinstance(self, _torch.nn.Linear):
-            out = _fp8.scaled_linear(input, weight, self.scale_weight, bias)
+        if isinstance(self, torch.nn.Linear):
+            out = fp8.scaled_linear(input, weight, self.scale_weight, bias)
         else:
-            out = self._conv_forward(input, _fp8.scale_weight(weight, self.scale_weight), bias)
+            out = self._conv_forward(input, fp8.scale_weight(weight, self.scale_weight), bias)
         comfy.ops.uncast_bias_weight(self, weight, bias, offload_stream)
         return out
 
@@ -78,22 +71,22 @@ class _Fp8CastOp:
         the given values: no extra host→device transfer per step.
         """
         original = self._mk_original[0]  # out of the tree while this layer is in it: holds the unpatched weight
-        with _torch.no_grad():
+        with torch.no_grad():
             if inplace and original is not None:  # a copy: the caller patches it in place
                 return original.weight.detach().to(device=weight.device, dtype=weight.dtype, copy=True)
-            dtype = weight.dtype if weight.dtype in _fp8.HIGH_PRECISION else _torch.float32
-            return _fp8.dequantize_weight(weight.detach(), self.scale_weight, dtype)
+            dtype = weight.dtype if weight.dtype in fp8.HIGH_PRECISION else torch.float32
+            return fp8.dequantize_weight(weight.detach(), self.scale_weight, dtype)
 
     def set_weight(self, weight, inplace_update=False, seed=None, return_weight=False, **kwargs):
         """Real weight (float32, LoRA applied) → float8 with this layer's scale."""
-        with _torch.no_grad():
-            q = _fp8.quantize_with_scale(weight.detach(), self.weight.dtype, self.scale_weight)
+        with torch.no_grad():
+            q = fp8.quantize_with_scale(weight.detach(), self.weight.dtype, self.scale_weight)
         if return_weight:
             return q
         if inplace_update:
             self.weight.data.copy_(q)
         else:
-            self.weight = _torch.nn.Parameter(q, requires_grad=False)
+            self.weight = torch.nn.Parameter(q, requires_grad=False)
 
 
 _FP8_CLASSES: dict[type, type] = {}
@@ -105,23 +98,23 @@ def _fp8_class(cls: type) -> type:
     return _FP8_CLASSES[cls]
 
 
-def _fp8_layer(orig: _torch.nn.Module, q: _torch.Tensor, scale, bias, fp8_matmul: bool = False) -> _torch.nn.Module:
+def _fp8_layer(orig: torch.nn.Module, q: torch.Tensor, scale, bias, fp8_matmul: bool = False) -> torch.nn.Module:
     """New cast-op module like ``orig`` (same class + :class:`_Fp8CastOp`, same config) holding
     float8 ``q``, ``scale`` (non-persistent buffer ``scale_weight``) and ``bias`` (a copy).
     Keeps a reference to ``orig`` (read by ``convert_weight``, never written)."""
     cls = _fp8_class(type(orig))
     new = cls.__new__(cls)
-    _torch.nn.Module.__init__(new)
+    torch.nn.Module.__init__(new)
     fresh = set(new.__dict__)
     for k, v in orig.__dict__.items():
         if k not in fresh and k not in _COMFY_TRANSIENT:
             new.__dict__[k] = v
     new.training = orig.training
-    new.weight = _torch.nn.Parameter(q, requires_grad=False)
+    new.weight = torch.nn.Parameter(q, requires_grad=False)
     if bias is None:
         new.register_parameter("bias", None)
     else:
-        new.bias = _torch.nn.Parameter(bias, requires_grad=False)
+        new.bias = torch.nn.Parameter(bias, requires_grad=False)
     new.register_buffer("scale_weight", scale, persistent=False)
     new._mk_original = (orig,)  # a tuple: not registered as a submodule
     new._mk_fp8_matmul = fp8_matmul
@@ -139,7 +132,7 @@ def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def model_compute_dtype(model) -> _torch.dtype:
+def model_compute_dtype(model) -> torch.dtype:
     """The dtype ComfyUI computes this MODEL in: its manual-cast dtype if set, else its weight dtype."""
     mc = model.get_model_object("manual_cast_dtype") if hasattr(model.model, "manual_cast_dtype") else None
     return mc if mc is not None else model.model_dtype()
@@ -170,32 +163,32 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
     if model.get_attachment(FP8_ATTACHMENT) is not None:
         raise ValueError("This MODEL already went through FP8 Layerwise Cast; use one FP8 Layerwise Cast "
                          "node per model (connect the loader's MODEL instead).")
-    if storage_dtype not in _fp8.STORAGE_DTYPES:
-        raise ValueError(f"storage_dtype must be one of {list(_fp8.STORAGE_DTYPES)}, got {storage_dtype!r}")
-    if scaling not in _fp8.SCALINGS:
-        raise ValueError(f"scaling must be one of {list(_fp8.SCALINGS)}, got {scaling!r}")
-    storage = _fp8.STORAGE_DTYPES[storage_dtype]
+    if storage_dtype not in fp8.STORAGE_DTYPES:
+        raise ValueError(f"storage_dtype must be one of {list(fp8.STORAGE_DTYPES)}, got {storage_dtype!r}")
+    if scaling not in fp8.SCALINGS:
+        raise ValueError(f"scaling must be one of {list(fp8.SCALINGS)}, got {scaling!r}")
+    storage = fp8.STORAGE_DTYPES[storage_dtype]
     current = model_compute_dtype(model)
     if compute_dtype == "auto":
-        compute = current if current in _fp8.HIGH_PRECISION else _torch.float32
-    elif compute_dtype in _fp8.COMPUTE_DTYPES:
-        compute = _fp8.COMPUTE_DTYPES[compute_dtype]
+        compute = current if current in fp8.HIGH_PRECISION else torch.float32
+    elif compute_dtype in fp8.COMPUTE_DTYPES:
+        compute = fp8.COMPUTE_DTYPES[compute_dtype]
     else:
-        raise ValueError(f"compute_dtype must be auto or one of {list(_fp8.COMPUTE_DTYPES)}, got {compute_dtype!r}")
+        raise ValueError(f"compute_dtype must be auto or one of {list(fp8.COMPUTE_DTYPES)}, got {compute_dtype!r}")
     device = model.load_device
     if not cmm.supports_cast(device, storage):
         raise ValueError(f"ComfyUI cannot use {storage_dtype} weights on {device} (e.g. Apple MPS and DirectML "
                          "have no float8); leave this model unquantised on this device.")
-    _fp8.check_dtypes(device, storage, compute)
+    fp8.check_dtypes(device, storage, compute)
     if fp8_matmul:
-        if storage != _torch.float8_e4m3fn:
+        if storage != torch.float8_e4m3fn:
             raise ValueError("fp8_matmul needs storage_dtype float8_e4m3fn (float8 GEMMs take e4m3 weights).")
-        _fp8.check_fp8_matmul(device)
+        fp8.check_fp8_matmul(device)
 
     n = model.clone()
     dm = n.model.diffusion_model
-    family = _fp8.detect_family(dm)
-    patterns = _fp8.default_skip_patterns(family, skip_preset) + _fp8.parse_patterns(extra_skip_patterns)
+    family = fp8.detect_family(dm)
+    patterns = fp8.default_skip_patterns(family, skip_preset) + fp8.parse_patterns(extra_skip_patterns)
     prefix = "diffusion_model."
 
     def original(name, m):
@@ -204,7 +197,7 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
             return n.get_model_object(key)
         return m
 
-    plan = _fp8.plan_layers(dm, patterns, get_module=original)
+    plan = fp8.plan_layers(dm, patterns, get_module=original)
     if not plan.cast:
         reasons = sorted(set(plan.kept.values()))[:5]
         raise ValueError(f"FP8 Layerwise Cast: no layer of this {family} model left to cast (kept for: {reasons}). "
@@ -220,17 +213,17 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
         in_tree = key not in n.object_patches and key not in n.object_patches_backup
         orig = original(name, None) if not in_tree else comfy.utils.get_attr(n.model, key)
         w = _unpatched(n, orig, key, "weight", in_tree)
-        q, s = _fp8.quantize_weight(w, storage, scaling, work_device=work, out_device=n.offload_device)
+        q, s = fp8.quantize_weight(w, storage, scaling, work_device=work, out_device=n.offload_device)
         b = _unpatched(n, orig, key, "bias", in_tree)
         b = None if b is None else b.detach().to(n.offload_device, copy=True)
         n.add_object_patch(key, _fp8_layer(orig, q, s, b, fp8_matmul))
-        saved += _fp8.param_bytes(w) - _fp8.param_bytes(q)
+        saved += fp8.param_bytes(w) - fp8.param_bytes(q)
         cast_params += w.numel()
         pbar.update(1)
 
     if compute != current:
         n.set_model_compute_dtype(compute)  # core's own switch: inputs and kept layers cast to it
-    n.patches_uuid = _uuid.uuid4()  # weights differ from the input's: make ComfyUI reload, not reuse
+    n.patches_uuid = uuid.uuid4()  # weights differ from the input's: make ComfyUI reload, not reuse
     n.size = size_before - saved    # what load_models_gpu budgets for this model
     info = {
         "family": family, "storage_dtype": storage_dtype, "compute_dtype": _dtype_name(compute),

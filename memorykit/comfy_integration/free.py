@@ -1,13 +1,10 @@
-"""ComfyUI integration: free (see the section comment below)."""
+"""Free Memory: unload models and empty caches through ComfyUI's own unloading."""
 from __future__ import annotations
 
-import comfy.model_management as mm  # noqa: F401
+import comfy.model_management as mm
 
-from .common import loaded_models  # noqa: F401
+from .common import loaded_models
 
-
-# Free Memory: unload models and empty caches through ComfyUI's own unloading
-# --------------------------------------------------------------------------------------------
 
 def free_memory(unload_models: bool = True, empty_cache: bool = True) -> list[dict]:
     """Unload the models ComfyUI's memory manager holds and empty the device caches.

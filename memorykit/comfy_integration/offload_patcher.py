@@ -1,50 +1,46 @@
-"""ComfyUI integration: offload patcher (see the section comment below)."""
+"""Group offloading inside ComfyUI (Group Offload / Group Offload Loader nodes).
+
+The node returns a clone whose class is :class:`GroupOffloadModelPatcher` (a ModelPatcher
+subclass, as city96/ComfyUI-GGUF makes its patcher) carrying :class:`GroupOffloadSettings` as an
+attachment. When ComfyUI loads it (``load_models_gpu`` → ``partially_load``) the plan is
+applied: LoRA patches are computed on the load device as ComfyUI does, the weights go back to
+the offload device, and :mod:`memorykit.offload` streams the diffusion model's blocks.
+``unpatch_model``/``detach`` (unload, or another clone of the same weights being loaded) undo it
+exactly. ``loaded_size()`` reports the real footprint (resident weights + streaming buffers).
+An OUTER_SAMPLE wrapper removes the offload after an error or interrupt and reports each run
+to the node.
+"""
 from __future__ import annotations
 
-import comfy.model_management as mm  # noqa: F401
+import dataclasses
+import logging
+import time
+import weakref
 
-from .common import loaded_models  # noqa: F401
+import torch
 
+import comfy.model_management as mm
+import comfy.model_patcher
+import comfy.patcher_extension as pe
+import comfy.utils
 
-# Group offloading (Group Offload / Group Offload Loader nodes)
-#
-# The node returns a clone whose class is GroupOffloadModelPatcher (a ModelPatcher subclass, as
-# city96/ComfyUI-GGUF does) carrying GroupOffloadSettings as an attachment. When ComfyUI loads
-# it (load_models_gpu → partially_load) the plan is applied: LoRA patches are computed on the
-# load device as ComfyUI does, the weights go back to the offload device, and
-# memorykit.offload streams the diffusion model's blocks. unpatch_model/detach (unload, or
-# another clone of the same weights being loaded) undo it exactly. loaded_size() reports the
-# real footprint (resident weights + streaming buffers). An OUTER_SAMPLE wrapper removes the
-# offload after an error or interrupt and reports each run to the node.
-# =============================================================================================
-import dataclasses as _dc
-import logging as _logging
-import time as _time
-import weakref as _weakref
+from .. import offload, offload_plan, report
+from .common import loaded_models, weight_dtype_options
+from .compat import opt_out_of_dynamic_vram, patcher_free_memory
 
-import torch as _torch
-
-import comfy.model_patcher as _mp
-import comfy.patcher_extension as _pe
-import comfy.utils as _cu
-
-from .. import offload as _offload
-from .. import offload_plan as _plan
-from .. import report as _report
-
-_log = _logging.getLogger("MemoryKit")
+_log = logging.getLogger("MemoryKit")
 GROUP_OFFLOAD_KEY = "memorykit_group_offload"
 _STATE_ATTR = "_memorykit_group_offload_state"
-_STORE = _torch.device("cpu")  # where offloaded weights wait (ComfyUI's offload device is the GPU with --highvram)
+_STORE = torch.device("cpu")  # where offloaded weights wait (ComfyUI's offload device is the GPU with --highvram)
 
 
-@_dc.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class GroupOffloadSettings:
     """What a Group Offload node asks for. ``vram_budget_bytes`` 0 = auto (what ComfyUI's memory
     manager offers the weights; on a CPU onload device: stream everything). ``node_id`` receives
     the report after each run."""
 
-    options: _plan.GroupOffloadOptions
+    options: offload_plan.GroupOffloadOptions
     vram_budget_bytes: int = 0
     disk_folder: str = ""
     node_id: str | None = None
@@ -72,13 +68,13 @@ def default_disk_folder() -> str:
     return path
 
 
-def comfy_block_lists(diffusion_model: _torch.nn.Module) -> _plan.BlockLists:
+def comfy_block_lists(diffusion_model: torch.nn.Module) -> offload_plan.BlockLists:
     """Blocks of a ComfyUI diffusion model: diffusers' rule, except that the elements of a
     ``TimestepEmbedSequential`` (SD/SDXL UNets) are the blocks, because ComfyUI's
     ``forward_timestep_embed`` calls those layers directly and never the container's forward."""
     from comfy.ldm.modules.diffusionmodules.openaimodel import TimestepEmbedSequential
     out = []
-    for name, lists in _plan.default_block_lists(diffusion_model):
+    for name, lists in offload_plan.default_block_lists(diffusion_model):
         items = []
         for qn, b in lists:
             if isinstance(b, TimestepEmbedSequential):
@@ -98,13 +94,13 @@ def _remove_offload_state(base_model) -> bool:
         return False
     if st.finalizer is not None:
         st.finalizer.detach()
-    _offload.remove_group_offload(st.handle)
+    offload.remove_group_offload(st.handle)
     for k, bk in list(st.backup.items()):
-        (_cu.copy_to_param if bk.inplace_update else _cu.set_attr_param)(base_model, k, bk.weight)
+        (comfy.utils.copy_to_param if bk.inplace_update else comfy.utils.set_attr_param)(base_model, k, bk.weight)
     st.backup.clear()
     for m in base_model.modules():
         if hasattr(m, "comfy_cast_weights"):
-            _mp.wipe_lowvram_weight(m)
+            comfy.model_patcher.wipe_lowvram_weight(m)
         if hasattr(m, "comfy_patched_weights"):
             del m.comfy_patched_weights
     base_model.to(st.offload_device)
@@ -128,14 +124,19 @@ def _has_offload(patcher) -> bool:
     return _STATE_ATTR in patcher.model.__dict__
 
 
-class GroupOffloadModelPatcher(_mp.ModelPatcher):
+def group_offload_applied(base_model) -> bool:
+    """True while a Group Offload is applied to ``base_model`` (a ComfyUI BaseModel)."""
+    return _STATE_ATTR in base_model.__dict__
+
+
+class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
     """ModelPatcher that loads its diffusion model group-offloaded (see the section comment)."""
 
     def _offload_settings(self, device_to, force_patch_weights=False):
         s = self.get_attachment(GROUP_OFFLOAD_KEY)
         if s is None or force_patch_weights or device_to is None:
             return None
-        if _torch.device(device_to).type == "cpu" and s.options.offload_to == "cpu":
+        if torch.device(device_to).type == "cpu" and s.options.offload_to == "cpu":
             return None  # computing on the CPU from CPU RAM: nothing to offload
         return s
 
@@ -148,14 +149,14 @@ class GroupOffloadModelPatcher(_mp.ModelPatcher):
         st = self.model.__dict__.get(_STATE_ATTR)
         if st is not None:
             st.keep_on_detach = None
-            if st.settings is s and st.patches_uuid == self.patches_uuid and st.device == _torch.device(device_to):
+            if st.settings is s and st.patches_uuid == self.patches_uuid and st.device == torch.device(device_to):
                 return 0
         with self.use_ejected(skip_and_inject_on_exit_only=True):
             before = self.model.model_loaded_weight_memory
             self.unpatch_model(_STORE, unpatch_weights=True)
             self.patch_model(load_weights=False)
             try:
-                self._apply_group_offload(_torch.device(device_to), s, extra_memory)
+                self._apply_group_offload(torch.device(device_to), s, extra_memory)
             except BaseException:
                 self.detach()
                 raise
@@ -167,7 +168,7 @@ class GroupOffloadModelPatcher(_mp.ModelPatcher):
             return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
         with self.use_ejected():
             self.unpatch_model(_STORE, unpatch_weights=True)
-            self._apply_group_offload(_torch.device(device_to), s, lowvram_model_memory or 1e32)
+            self._apply_group_offload(torch.device(device_to), s, lowvram_model_memory or 1e32)
 
     def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
         if _has_offload(self):
@@ -207,7 +208,7 @@ class GroupOffloadModelPatcher(_mp.ModelPatcher):
         store = _STORE
         for key in list(self.patches):  # LoRA: computed on the load device as ModelPatcher.load does
             self.patch_weight_to_device(key, device_to=device_to)
-            w = _cu.get_attr(self.model, key)
+            w = comfy.utils.get_attr(self.model, key)
             if w.device != store:
                 w.data = w.data.to(store)
         for m in self.model.modules():  # weights are final: ModelPatcher.load must not patch them again
@@ -223,21 +224,21 @@ class GroupOffloadModelPatcher(_mp.ModelPatcher):
                 wrappers = self.weight_wrapper_patches.get(f"{n}.{kind}")
                 if wrappers:
                     setattr(m, f"{kind}_function", list(getattr(m, f"{kind}_function", None) or []) + wrappers)
-            _mp.move_weight_functions(m, device_to)
+            comfy.model_patcher.move_weight_functions(m, device_to)
         dm = self.model.diffusion_model
         for child in self.model.children():
             if child is not dm:
                 child.to(device_to)
         opts, notes = s.options, []
         if device_to.type == "cpu" and opts.use_stream:
-            opts = _dc.replace(opts, use_stream=False, record_stream=False)
+            opts = dataclasses.replace(opts, use_stream=False, record_stream=False)
             notes.append("use_stream/record_stream ignored: computing on the CPU")
-        opts = _dc.replace(opts, exclude_kwargs=("transformer_options",))
+        opts = dataclasses.replace(opts, exclude_kwargs=("transformer_options",))
         budget = s.vram_budget_bytes or None
         if budget is None and device_to.type != "cpu":
-            budget = mm.get_free_memory(device_to) - mm.minimum_inference_memory()
+            budget = patcher_free_memory(self, device_to) - mm.minimum_inference_memory()
             budget = max(0, int(min(budget, extra_memory)))
-        handle = _offload.apply_group_offload(
+        handle = offload.apply_group_offload(
             dm, device_to, store, options=opts, budget_bytes=budget,
             block_lists=comfy_block_lists(dm), disk_folder=s.disk_folder or default_disk_folder(),
             disk_tag=f"{type(self.model).__name__}-{str(self.patches_uuid)[:8]}")
@@ -246,7 +247,7 @@ class GroupOffloadModelPatcher(_mp.ModelPatcher):
         st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup)
         st.notes += notes
         self.model.__dict__[_STATE_ATTR] = st
-        st.finalizer = _weakref.finalize(self, _finalize_offload, self.model, st)
+        st.finalizer = weakref.finalize(self, _finalize_offload, self.model, st)
         st.finalizer.atexit = False  # at exit only the disk files matter; offload.py deletes those
         plan = handle.plan
         self.model.model_loaded_weight_memory = plan.footprint_bytes
@@ -258,40 +259,29 @@ class GroupOffloadModelPatcher(_mp.ModelPatcher):
         _log.info("Group Offload: %s resident %.2f GiB, streamed %.2f GiB (%s), footprint %.2f GiB",
                   type(self.model).__name__, plan.resident_bytes / 2**30, plan.streamed_bytes / 2**30,
                   opts.offload_to, plan.footprint_bytes / 2**30)
-        for callback in self.get_all_callbacks(_pe.CallbacksMP.ON_LOAD):
+        for callback in self.get_all_callbacks(pe.CallbacksMP.ON_LOAD):
             callback(self, device_to, plan.footprint_bytes, False, False)
         self.apply_hooks(self.forced_hooks, force_apply=True)
 
 
 def _standard_clone(model):
-    """A clone of ``model`` managed by ComfyUI's standard (non-dynamic) ModelPatcher.
+    """A clone of ``model`` managed by core's standard ModelPatcher (opted out of dynamic VRAM
+    without a second copy, see :func:`compat.opt_out_of_dynamic_vram`).
 
-    Newer ComfyUI (0.38+, "dynamic VRAM") makes ``ModelPatcherDynamic`` the default; it is
-    detected by its ``is_dynamic()`` method and opted out with ``clone(disable_dynamic=True)``.
-    Raises RuntimeError when that is impossible or when another node pack's patcher class
-    manages the model (its own load logic would conflict with offloading).
+    Raises RuntimeError when another node pack's patcher class manages the model (its own load
+    logic would conflict with offloading) or when the MODEL has no diffusion model.
     """
-    is_dynamic = getattr(model, "is_dynamic", None)
-    if callable(is_dynamic) and is_dynamic():
-        try:
-            n = model.clone(disable_dynamic=True)
-        except TypeError:
-            n = None
-        if n is None or (callable(getattr(n, "is_dynamic", None)) and n.is_dynamic()):
-            raise RuntimeError("Group Offload: this ComfyUI manages the model with dynamic VRAM and cannot give "
-                               "a standard copy of it; start ComfyUI with --disable-dynamic-vram.")
-    else:
-        n = model.clone()
-    if type(n) not in (_mp.ModelPatcher, GroupOffloadModelPatcher):
+    n = opt_out_of_dynamic_vram(model, "Group Offload")
+    if type(n) not in (comfy.model_patcher.ModelPatcher, GroupOffloadModelPatcher):
         raise RuntimeError(f"Group Offload needs a model managed by ComfyUI's standard ModelPatcher; this MODEL "
                            f"uses {type(n).__name__} (from another custom node). Load it with a core loader.")
-    if not isinstance(getattr(n.model, "diffusion_model", None), _torch.nn.Module):
+    if not isinstance(getattr(n.model, "diffusion_model", None), torch.nn.Module):
         raise RuntimeError("Group Offload takes a diffusion model (MODEL from a checkpoint or diffusion-model loader).")
     return n
 
 
 def _options_info(s: GroupOffloadSettings) -> dict:
-    o = _dc.asdict(s.options)
+    o = dataclasses.asdict(s.options)
     o.pop("exclude_kwargs", None)
     return o
 
@@ -299,10 +289,10 @@ def _options_info(s: GroupOffloadSettings) -> dict:
 def _preview_budget(patcher, s: GroupOffloadSettings) -> int | None:
     if s.vram_budget_bytes:
         return s.vram_budget_bytes
-    dev = _torch.device(patcher.load_device)
+    dev = torch.device(patcher.load_device)
     if dev.type == "cpu":
         return None
-    return max(0, int(mm.get_free_memory(dev) - mm.minimum_inference_memory()))
+    return max(0, int(patcher_free_memory(patcher, dev) - mm.minimum_inference_memory()))
 
 
 def prepare_group_offload(model, settings: GroupOffloadSettings):
@@ -310,24 +300,24 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
     (applied when ComfyUI loads it), or ``model`` itself when offloading means nothing (cpu
     target and no GPU: a warning). ``info`` is the report entry (plan for the budget known now).
     Raises RuntimeError for an unusable disk folder or model (see :func:`_standard_clone`)."""
-    if settings.options.offload_to == "cpu" and _torch.device(model.load_device).type == "cpu":
+    if settings.options.offload_to == "cpu" and torch.device(model.load_device).type == "cpu":
         reason = ("no GPU: ComfyUI computes on the CPU, so offloading to CPU RAM changes nothing "
                   "(offload_to=disk still saves RAM)")
         _log.warning("Group Offload: %s; the model is passed through unchanged.", reason)
         return model, {"status": "passthrough", "reason": reason, "options": _options_info(settings)}
     if settings.options.offload_to == "disk":
-        _offload.check_disk_folder(settings.disk_folder or default_disk_folder())
+        offload.check_disk_folder(settings.disk_folder or default_disk_folder())
     n = _standard_clone(model)
     n.__class__ = GroupOffloadModelPatcher  # same object layout; how ComfyUI-GGUF makes its patcher from a clone
     n.set_attachments(GROUP_OFFLOAD_KEY, settings)
-    n.remove_wrappers_with_key(_pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY)
-    n.add_wrapper_with_key(_pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY, _group_offload_outer_sample)
+    n.remove_wrappers_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY)
+    n.add_wrapper_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY, _group_offload_outer_sample)
     dm = n.model.diffusion_model
     budget = _preview_budget(n, settings)
     opts = settings.options
-    if _torch.device(n.load_device).type == "cpu":
-        opts = _dc.replace(opts, use_stream=False, record_stream=False)
-    preview = _plan.plan_offload(dm, opts, budget, comfy_block_lists(dm))
+    if torch.device(n.load_device).type == "cpu":
+        opts = dataclasses.replace(opts, use_stream=False, record_stream=False)
+    preview = offload_plan.plan_offload(dm, opts, budget, comfy_block_lists(dm))
     return n, {"status": "planned (applied when sampling loads the model)", "options": _options_info(settings),
                "disk_folder": settings.disk_folder or default_disk_folder(), "plan": preview.as_dict(),
                "model_bytes": n.model_size()}
@@ -342,9 +332,7 @@ def load_group_offload_model(unet_name: str, weight_dtype: str, settings: GroupO
     import comfy.sd
     import folder_paths
     path = folder_paths.get_full_path_or_raise("diffusion_models", unet_name)
-    model_options = {"fp8_e4m3fn": {"dtype": _torch.float8_e4m3fn},
-                     "fp8_e4m3fn_fast": {"dtype": _torch.float8_e4m3fn, "fp8_optimizations": True},
-                     "fp8_e5m2": {"dtype": _torch.float8_e5m2}}.get(weight_dtype, {})
+    model_options = weight_dtype_options(weight_dtype)
     kwargs = {}
     if "disable_dynamic" in inspect.signature(comfy.sd.load_diffusion_model).parameters:
         kwargs["disable_dynamic"] = True
@@ -361,29 +349,29 @@ def group_offload_state_info(base_model) -> dict | None:
         return None
     return {"status": "applied", "options": _options_info(st.settings),
             "disk_folder": st.settings.disk_folder or default_disk_folder(),
-            "figures": _offload.offload_figures(st.handle), "run": st.last_run,
+            "figures": offload.offload_figures(st.handle), "run": st.last_run,
             "notes": list(st.notes)}
 
 
 def group_offload_ui(label: str, info: dict) -> dict:
     """Node UI output: a Memory Report dict plus ``group_offload`` (and its text)."""
     from ..offload_report import offload_summary
-    rep = _report.build_report(label, loaded_models())
+    rep = report.build_report(label, loaded_models())
     rep["group_offload"] = info
-    return {"memorykit_report": [rep], "text": ["\n".join([_report.format_report(rep)] + offload_summary(info))]}
+    return {"memorykit_report": [rep], "text": ["\n".join([report.format_report(rep)] + offload_summary(info))]}
 
 
 def _group_offload_outer_sample(executor, *args, **kwargs):
     """OUTER_SAMPLE wrapper: time the run, undo the offload after an error or interrupt (so the
     next run starts from the unmodified model), report the run to the node."""
     patcher = executor.class_obj.model_patcher
-    dev = _torch.device(patcher.load_device)
+    dev = torch.device(patcher.load_device)
     if dev.type == "cuda":
-        _torch.cuda.reset_peak_memory_stats(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
     st0 = patcher.model.__dict__.get(_STATE_ATTR)
     f0 = st0.handle.forwards if st0 is not None else 0
     c0 = st0.handle.ring.copied_bytes if st0 is not None and st0.handle.ring is not None else 0
-    t0 = _time.perf_counter()
+    t0 = time.perf_counter()
     try:
         out = executor(*args, **kwargs)
     except BaseException:
@@ -400,8 +388,8 @@ def _group_offload_outer_sample(executor, *args, **kwargs):
         else:
             moved = forwards * (st.handle.plan.streamed_bytes if st.device != st.offload_device or st.handle.disk_dir
                                 else 0)
-        st.last_run = {"forwards": forwards, "seconds": _time.perf_counter() - t0, "bytes_moved": moved,
-                       "peak_vram_bytes": _torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None}
+        st.last_run = {"forwards": forwards, "seconds": time.perf_counter() - t0, "bytes_moved": moved,
+                       "peak_vram_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None}
         node_id = st.settings.node_id
         if node_id is not None:
             try:

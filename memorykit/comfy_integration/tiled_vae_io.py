@@ -1,22 +1,18 @@
-"""ComfyUI integration: Tiled VAE Decode / Encode on ComfyUI's VAE object."""
+"""Tiled VAE Decode / Encode on ComfyUI's VAE object (``comfy.sd.VAE`` → :mod:`memorykit.tiled_vae`)."""
 from __future__ import annotations
 
-import comfy.model_management as mm  # noqa: F401
+import time
+from dataclasses import dataclass
 
+import torch
 
-# =============================================================================================
-# Tiled VAE (issue 5): ComfyUI's VAE object (comfy.sd.VAE) → memorykit.tiled_vae
-# =============================================================================================
-import time as _time
-from dataclasses import dataclass as _dataclass
+import comfy.model_management as mm
 
-import torch as _torch
+from .. import tiled_vae as tv
+from ..norm_stats import SharedGroupNormStats
+from .compat import decoder_gives_pre_end, patcher_free_memory
 
-from .. import tiled_vae as _tv
-from ..norm_stats import SharedGroupNormStats as _NormStats
-
-
-@_dataclass
+@dataclass
 class TiledVAEOptions:
     """Node options. Sizes in pixels/frames; ``memory_budget_gb`` in GiB (0 = free memory)."""
 
@@ -29,7 +25,7 @@ class TiledVAEOptions:
     global_context: bool = True
 
 
-def vae_shape(vae) -> _tv.VAEShape:
+def vae_shape(vae) -> tv.VAEShape:
     """Geometry of a ``comfy.sd.VAE`` for tiling. Raises ValueError for VAEs this node does not
     tile (1-D audio latents, latents with an extra 1-D channel, unknown time mappings)."""
     vae.throw_exception_if_invalid()
@@ -38,7 +34,7 @@ def vae_shape(vae) -> _tv.VAEShape:
                          f"{vae.latent_dim}-D latents: use ComfyUI's VAE Decode/Encode for it")
     spatial = int(vae.spacial_compression_decode())
     if vae.latent_dim == 2:
-        return _tv.VAEShape(int(vae.latent_channels), spatial)
+        return tv.VAEShape(int(vae.latent_channels), spatial)
     k = int(vae.upscale_index_formula[0]) if vae.upscale_index_formula else vae.temporal_compression_decode()
     up = vae.upscale_ratio[0]
     if all(up(n) == k * (n - 1) + 1 for n in (1, 2, 3)):
@@ -51,16 +47,16 @@ def vae_shape(vae) -> _tv.VAEShape:
     import comfy.ldm.wan.vae as wan21
     import comfy.ldm.wan.vae2_2 as wan22
     time_cache = isinstance(vae.first_stage_model, (wan21.WanVAE, wan22.WanVAE))
-    return _tv.VAEShape(int(vae.latent_channels), spatial, k, causal, time_cache)
+    return tv.VAEShape(int(vae.latent_channels), spatial, k, causal, time_cache)
 
 
-def _decode_heads(model) -> list[tuple[_torch.nn.Module, int, str]]:
+def _decode_heads(model) -> list[tuple[torch.nn.Module, int, str]]:
     """Split points of decoders known to work with a global head, deepest first:
     ``(module, scale vs latent grid, name)``. Empty for other VAEs (plain tiling)."""
     import comfy.ldm.wan.vae as wan21
     from comfy.ldm.modules.diffusionmodules.model import Decoder
     dec = getattr(model, "decoder", None)
-    if type(dec) is Decoder and not dec.give_pre_end:
+    if type(dec) is Decoder and not decoder_gives_pre_end(dec) and not getattr(dec, "carried", False):
         top = dec.num_resolutions - 1
         heads = [(dec.up[top].upsample, 2, f"decoder.up.{top}.upsample")] if top > 0 else []
         return heads + [(dec.mid.block_2, 1, "decoder.mid.block_2")]
@@ -71,7 +67,7 @@ def _decode_heads(model) -> list[tuple[_torch.nn.Module, int, str]]:
     return []
 
 
-def _encode_tails(model) -> list[tuple[_torch.nn.Module, int, str]]:
+def _encode_tails(model) -> list[tuple[torch.nn.Module, int, str]]:
     """Split points of encoders known to work with a global tail, deepest first:
     ``(module whose input is on the latent grid × scale, scale, name)``. Empty for other VAEs."""
     import comfy.ldm.wan.vae as wan21
@@ -93,21 +89,21 @@ def _encode_tails(model) -> list[tuple[_torch.nn.Module, int, str]]:
     return []
 
 
-def _head_bytes(vae, fn, module: _torch.nn.Module, scale: int, plan, probe) -> float:
+def _head_bytes(vae, fn, module: torch.nn.Module, scale: int, plan, probe) -> float:
     """Peak working memory of the global-head pass on the whole latent (bytes): measured on CUDA
     with two probe latents; elsewhere modelled as 4 activations of the module's width at the
     latent resolution plus 3 at its own resolution (``scale``² times more pixels)."""
     from ..global_context import GlobalHead
     n = plan.grid_shape[-1] * plan.grid_shape[-2]
-    if _torch.device(vae.device).type == "cuda":
+    if torch.device(vae.device).type == "cuda":
         def run(z):
             GlobalHead(module, scale=scale).capture(lambda: fn(z), tuple(z.shape[-2:]))
-        return _tv.measure_tile_cost(run, probe, vae.device).bytes_for(n)
+        return tv.measure_tile_cost(run, probe, vae.device).bytes_for(n)
     ch = max((p.shape[0] for p in module.parameters() if p.ndim >= 2), default=512)
     return ch * n * (4 + 3 * scale * scale) * mm.dtype_size(vae.vae_dtype)
 
 
-def _tail_bytes(vae, module: _torch.nn.Module, scale: int, plan) -> float:
+def _tail_bytes(vae, module: torch.nn.Module, scale: int, plan) -> float:
     """Modelled peak of the global-tail pass (bytes): the assembled map (the module's width at
     its resolution) in the working dtype, plus 3 activations of that size and 4 at the latent
     resolution (the middle block)."""
@@ -116,7 +112,7 @@ def _tail_bytes(vae, module: _torch.nn.Module, scale: int, plan) -> float:
     return ch * n * (4 + 4 * scale * scale) * mm.dtype_size(vae.vae_dtype)
 
 
-def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_model, tail_dummy=None):
+def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_model, tail_dummy=None):
     """Shared body of :func:`tiled_vae_decode` / :func:`tiled_vae_encode` (``x`` channel-first).
 
     Order: validate and plan (errors before any work) → load the VAE through ComfyUI's memory
@@ -127,14 +123,14 @@ def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_
     shape = vae_shape(vae)
     dims = tuple(x.shape[2:])
     args = (opts.temporal_size, opts.temporal_overlap)
-    plan = _tv.make_plan(shape, direction, dims, opts.tile_px, opts.overlap_px, *args)
+    plan = tv.make_plan(shape, direction, dims, opts.tile_px, opts.overlap_px, *args)
     s = shape.spatial_factor
-    on_gpu = _torch.device(vae.device).type != "cpu"
+    on_gpu = torch.device(vae.device).type != "cpu"
     weights = vae.model_size() if on_gpu else 0
     if opts.memory_budget_gb > 0 and opts.memory_budget_gb * 2 ** 30 <= weights:
         raise ValueError(f"memory_budget_gb {opts.memory_budget_gb} GiB does not even hold the VAE's weights "
                          f"({weights / 2 ** 30:.2f} GiB); raise it or set 0 (use the free memory)")
-    modelled = _tv.TileCost(0.0, cost_model(plan.tile_shape[0] if shape.video else 1, s), "modelled")
+    modelled = tv.TileCost(0.0, cost_model(plan.tile_shape[0] if shape.video else 1, s), "modelled")
     units = lambda p: p.tile_shape[-1] * p.tile_shape[-2]
     # Ask the memory manager for one tile (capped: a huge tile_size must not push the VAE itself
     # into lowvram mode; the tile is fitted to what is free afterwards).
@@ -145,22 +141,22 @@ def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_
     if opts.memory_budget_gb > 0:
         budget, budget_source = opts.memory_budget_gb * 2 ** 30 - weights, "memory_budget_gb"
     else:
-        budget, budget_source = 0.9 * mm.get_free_memory(vae.device), "free memory"
+        budget, budget_source = 0.9 * patcher_free_memory(vae.patcher, vae.device), "free memory"
     lead = tuple(a.amap.in_span(0, a.length)[1] for a in plan.axes[:-2])  # a tile's frames (input units)
     ch, k = (shape.latent_channels, 1) if direction == "decode" else (3, s)
-    probe = lambda t: _torch.rand((1, ch) + lead + (t * k, t * k))
+    probe = lambda t: torch.rand((1, ch) + lead + (t * k, t * k))
     cost = modelled
-    if _torch.device(vae.device).type == "cuda":
-        cost = _tv.measure_tile_cost(fn, probe, vae.device)
+    if torch.device(vae.device).type == "cuda":
+        cost = tv.measure_tile_cost(fn, probe, vae.device)
     grid_hw = plan.grid_shape[-2:]
     min_tile = opts.overlap_px // s + 1
-    t = _tv.fit_tile(grid_hw, cost, budget, max(1, opts.tile_px // s), min_tile)
+    t = tv.fit_tile(grid_hw, cost, budget, max(1, opts.tile_px // s), min_tile)
     if t is None:
         raise ValueError(f"memory budget ({budget / 2 ** 30:.2f} GiB besides the VAE's weights, from {budget_source}) is "
                          f"too small for the smallest tile ({min_tile * s} px, about "
                          f"{cost.bytes_for(min_tile ** 2) / 2 ** 30:.2f} GiB): raise memory_budget_gb or lower overlap")
     if t * s < opts.tile_px and t < max(grid_hw):
-        plan = _tv.make_plan(shape, direction, dims, t * s, opts.overlap_px, *args)
+        plan = tv.make_plan(shape, direction, dims, t * s, opts.overlap_px, *args)
     head = tail = None
     if opts.global_context and plan.num_tiles > 1 and not (shape.video and len(plan.axes[0].starts) > 1):
         if direction == "decode":
@@ -182,15 +178,15 @@ def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_
         store = ch * grid_hw[0] * grid_hw[1] * head[1] ** 2 * frames * mm.dtype_size(vae.vae_dtype)
         if on_gpu and store + cost.bytes_for(units(plan)) <= budget:
             head_store = vae.device
-    norm = _NormStats(vae.first_stage_model) if opts.shared_norm_stats else None
-    pbar = comfy.utils.ProgressBar(_tv.steps_for(plan, x.shape[0], bool(norm and norm.available), bool(head), bool(tail)))
+    norm = SharedGroupNormStats(vae.first_stage_model) if opts.shared_norm_stats else None
+    pbar = comfy.utils.ProgressBar(tv.steps_for(plan, x.shape[0], bool(norm and norm.available), bool(head), bool(tail)))
 
     def on_step():
         pbar.update(1)
         mm.throw_exception_if_processing_interrupted()
 
-    t0 = _time.perf_counter()
-    out = _tv.run_tiled(x, fn, plan, norm_stats=norm, head_module=head[0] if head else None,
+    t0 = time.perf_counter()
+    out = tv.run_tiled(x, fn, plan, norm_stats=norm, head_module=head[0] if head else None,
                         head_scale=head[1] if head else 1, head_store_device=head_store,
                         tail_module=tail[0] if tail else None,
                         tail_scale=tail[1] if tail else 1,
@@ -208,12 +204,12 @@ def _run(vae, direction: str, x: _torch.Tensor, fn, opts: TiledVAEOptions, cost_
         "global_context_kept_on": str(head_store) if head else None,
         "memory_budget_bytes": int(max(0, budget)), "budget_source": budget_source,
         "tile_bytes_estimate": int(cost.bytes_for(units(plan))), "cost_source": cost.source,
-        "seconds": round(_time.perf_counter() - t0, 3),
+        "seconds": round(time.perf_counter() - t0, 3),
     }
     return out, info
 
 
-def tiled_vae_decode(vae, samples: _torch.Tensor, opts: TiledVAEOptions) -> tuple[_torch.Tensor, dict]:
+def tiled_vae_decode(vae, samples: torch.Tensor, opts: TiledVAEOptions) -> tuple[torch.Tensor, dict]:
     """Decode a LATENT tensor (``[B, C, H, W]``, video ``[B, C, T, H, W]``) tile by tile.
 
     Returns (IMAGE ``[N, H·s, W·s, 3]`` float32 on ComfyUI's intermediate device — video frames
@@ -244,7 +240,7 @@ def tiled_vae_decode(vae, samples: _torch.Tensor, opts: TiledVAEOptions) -> tupl
     return images, info
 
 
-def tiled_vae_encode(vae, pixels: _torch.Tensor, opts: TiledVAEOptions) -> tuple[_torch.Tensor, dict]:
+def tiled_vae_encode(vae, pixels: torch.Tensor, opts: TiledVAEOptions) -> tuple[torch.Tensor, dict]:
     """Encode an IMAGE (``[B, H, W, C≥3]``; for a video VAE the batch is the frames) tile by tile.
 
     Pixels are centre-cropped to a multiple of the VAE's compression as VAEEncode does.
