@@ -14,7 +14,15 @@ def flux_config(depth: int, single: int) -> dict:
     return {"image_model": "flux", "in_channels": 16, "patch_size": 2, "out_channels": 16, "vec_in_dim": 768,
             "context_in_dim": 4096, "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "depth": depth,
             "depth_single_blocks": single, "axes_dim": [16, 56, 56], "theta": 10000, "qkv_bias": True,
-            "guidance_embed": True}
+            "guidance_embed": True, **_flux_version_params()}
+
+
+def _flux_version_params() -> dict:
+    # ComfyUI 0.33 added the required FluxParams.txt_ids_dims ([] for Flux.1); 0.3.75 lacks it.
+    import dataclasses
+
+    from comfy.ldm.flux.model import FluxParams
+    return {"txt_ids_dims": []} if "txt_ids_dims" in {f.name for f in dataclasses.fields(FluxParams)} else {}
 
 
 def build(depth: int, single: int, dtype: torch.dtype, device: torch.device, weight_dtype=None,

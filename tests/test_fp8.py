@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from harness import models as hmodels
+from harness import comfy_env, models as hmodels
 from harness.fp8_checks import cast, rel
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -54,7 +54,7 @@ def _meta_model(kind: str) -> torch.nn.Module:
     with torch.device("meta"):
         if kind == "flux":
             from comfy.ldm.flux.model import Flux
-            return Flux(operations=ops, **hmodels.FLUX_PARAMS)
+            return Flux(operations=ops, **hmodels.FLUX_PARAMS, **comfy_env.flux_version_params())
         if kind == "wan":
             from comfy.ldm.wan.model import WanModel
             return WanModel(model_type="t2v", dim=128, ffn_dim=256, num_heads=1, num_layers=1, in_dim=16,

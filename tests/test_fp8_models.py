@@ -210,14 +210,15 @@ def test_lora_before_and_after_match(ci, fp8, comfy, fixture_models):
     lora_then_fp8 = cast(ci, lora_first)[0]
     out_after = load_and_forward(fp8_then_lora, *args, **kwargs)
     # While loaded: a LoRA'd cast layer holds quantize(W + ΔW) with ΔW computed by ComfyUI in
-    # float32 from the original weight (one rounding), with the layer's scale.
+    # float32 from the original weight (one rounding), with a scale re-derived from W + ΔW.
     key = "diffusion_model.middle_block.1.transformer_blocks.0.attn1.to_q.weight"
     layer = dm.middle_block[1].transformer_blocks[0].attn1.to_q
     assert isinstance(layer, ci.fp8_patcher._Fp8CastOp) and layer.weight.dtype == E4M3
     w = before[key[len("diffusion_model."):]][1]
     with torch.inference_mode():
         merged = comfy.lora.calculate_weight(fp8_then_lora.patches[key], w.detach().float().clone(), key)
-        expected = fp8.quantize_with_scale(merged, E4M3, layer.scale_weight)
+        expected, scale = fp8.quantize_weight(merged, E4M3, "per-tensor")
+    assert torch.equal(ci.fp8_patcher.layer_scale(layer), scale)
     assert torch.equal(layer.weight.view(torch.uint8), expected.view(torch.uint8))
     out_before = load_and_forward(lora_then_fp8, *args, **kwargs)
     assert torch.equal(out_before, out_after)
@@ -242,3 +243,62 @@ def test_lora_before_and_after_match(ci, fp8, comfy, fixture_models):
     assert not layer.weight_function and dm.middle_block[1].transformer_blocks[0].attn1.to_q is not layer
     assert torch.equal(load_and_forward(plain, *args, **kwargs), ref)
     assert_unchanged(before, dm, fixture_models["sd15"], prefix="model.diffusion_model.", same_params=False)
+
+
+# LoRA that moves weights far past the pre-LoRA amax: the float8 scale must be re-derived from
+# the patched weight, on a full load and per forward (lowvram). The LoRA file has up/down std 0.3
+# (ΔW ≈ 9 × the weight std at strength 1); at strengths 1.0/0.5 this random network is chaotic
+# (1 % multiplicative noise on the LoRA'd weights alone moves the fp32 output by 98 %, measured),
+# so the test uses 0.25/0.125: ΔW std 2.2 × / 1.1 × the weight std, max ≈ 4 × the pre-LoRA amax,
+# where 1 % weight noise moves the output by 1.8 %. Before the fix each fp8 output was closer to
+# the other strength's plain run (the quantiser clamped the patched weights).
+STRONG = (0.25, 0.125)
+# ---------------------------------------------------------------------------------------------
+def _lowvram_forward(patcher, *args, **kwargs):
+    """One apply_model with ComfyUI's lowvram path (1-byte budget: LoRA applied per forward)."""
+    import comfy.model_management as mm
+    mm.unload_all_models()
+    cpu = torch.device("cpu")
+    with torch.inference_mode():
+        patcher.patch_model(cpu, lowvram_model_memory=1)
+        try:
+            assert patcher.model.model_lowvram
+            return patcher.model.apply_model(*args, **kwargs).float()
+        finally:
+            patcher.unpatch_model(cpu)
+
+
+@pytest.mark.parametrize("path", ["full", "lowvram"])
+def test_strong_lora_strength_is_kept_in_both_orders(ci, fp8, comfy, fixture_models, path):
+    import comfy.model_management as mm
+
+    import nodes
+    loras.ensure_big_lora()
+    with torch.inference_mode():
+        plain = nodes.CheckpointLoaderSimple().load_checkpoint("mk_sd15_tiny.safetensors")[0]
+
+    def lora(m, strength):
+        with torch.inference_mode():
+            return nodes.LoraLoaderModelOnly().load_lora_model_only(m, loras.BIG_LORA_NAME, strength)[0]
+
+    gen = torch.Generator().manual_seed(3)
+    args = (torch.randn(1, 4, 16, 16, generator=gen), torch.tensor([500.0]))
+    kwargs = {"c_crossattn": torch.randn(1, 77, 768, generator=gen)}
+    run = load_and_forward if path == "full" else _lowvram_forward
+    hi, lo = STRONG
+    ref = {s: load_and_forward(lora(plain, s), *args, **kwargs) for s in STRONG}
+    assert rel(ref[hi], ref[lo]) > 0.05, "the LoRA must change the output measurably"
+    for order in ("fp8_then_lora", "lora_then_fp8"):
+        for s, other in ((hi, lo), (lo, hi)):
+            m = lora(cast(ci, plain)[0], s) if order == "fp8_then_lora" else cast(ci, lora(plain, s))[0]
+            out = run(m, *args, **kwargs)
+            own, cross = rel(out, ref[s]), rel(out, ref[other])
+            print(f"\n{path} {order} strength {s}: vs plain {s} {own:.4f}, vs plain {other} {cross:.4f}")
+            assert own < cross, f"{order} at strength {s} is closer to the plain {other} run"
+            assert own <= 0.3
+            mm.unload_all_models()
+    # unpatching restores the float8 weights and their scales: the plain cast output is unchanged
+    cast_plain = cast(ci, plain)[0]
+    first = load_and_forward(cast_plain, *args, **kwargs)
+    load_and_forward(lora(cast_plain, hi), *args, **kwargs)
+    assert torch.equal(load_and_forward(cast_plain, *args, **kwargs), first)

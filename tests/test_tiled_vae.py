@@ -209,7 +209,13 @@ def test_progress_bar_counts_every_pass(sd_vae, ci):
         comfy.utils.set_progress_bar_global_hook(old)
     # tiles + global-context capture + statistics pre-pass, counted one by one up to the total
     total = info["tiles_per_item"] + 2
-    assert seen == [(i, total) for i in range(1, total + 1)]
+    if hasattr(comfy.utils, "PROGRESS_THROTTLE_MIN_INTERVAL"):
+        # ComfyUI 0.33+ throttles updates: the first and the final one always reach the hook
+        values = [v for v, _ in seen]
+        assert seen[0] == (1, total) and seen[-1] == (total, total)
+        assert values == sorted(set(values)) and all(t == total for _, t in seen)
+    else:
+        assert seen == [(i, total) for i in range(1, total + 1)]
     assert "4 tile(s)" in tiled_vae.format_info(info)
 
 

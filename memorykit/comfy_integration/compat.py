@@ -106,6 +106,23 @@ def model_state_dict_for_saving(patcher) -> dict:
     return patcher.model.state_dict_for_saving()
 
 
+def apply_weight_patch(patch, weight: torch.Tensor) -> torch.Tensor:
+    """Apply one of core's per-forward weight patches to the REAL (dequantised) ``weight``.
+
+    A ``LowVramPatch`` (LoRA on a partially or dynamically loaded model) carries ``key`` and
+    ``patches``; 0.3.75's calls the layer's ``convert_weight``/``set_weight`` around the delta
+    (for a float8 layer: dequantise, add, re-quantise), 0.33's adds the delta directly. On a
+    weight that is already real both must be plain ``comfy.lora.calculate_weight``, so that is
+    called where the patch would convert. Other patches (weight wrappers) are called as they are.
+    """
+    import comfy.model_patcher
+    if isinstance(patch, comfy.model_patcher.LowVramPatch) and (getattr(patch, "convert_func", None) is not None
+                                                                 or getattr(patch, "set_func", None) is not None):
+        import comfy.lora
+        return comfy.lora.calculate_weight(patch.patches[patch.key], weight, patch.key, intermediate_dtype=weight.dtype)
+    return patch(weight)
+
+
 def decoder_gives_pre_end(decoder) -> bool:
     """True when a ``comfy.ldm...model.Decoder`` stops before its output head
     (``give_pre_end``, an attribute 0.33 removed along with the option)."""

@@ -18,11 +18,29 @@ from typing import ClassVar
 import torch
 
 from .. import fp8
+from .compat import apply_weight_patch
 
 FP8_ATTACHMENT = "memorykit_fp8"
 # Attributes ComfyUI sets on a loaded module; a new layer starts without them.
 _COMFY_TRANSIENT = {"comfy_cast_weights", "prev_comfy_cast_weights", "weight_function", "bias_function",
-                    "comfy_patched_weights"}
+                    "comfy_patched_weights", "seed_key"}
+# Dynamic-VRAM (0.33+) state core keeps on a module: its VRAM allocation (_v, _v_weight, ...), pins
+# (_pin_state), prefetch (_prefetch), per-forward LoRA (weight_lowvram_function) and the dtype the
+# stager casts to (weight_comfy_model_dtype: copied, float8 would be staged as bf16). A new layer
+# starts without any of it, so core stages its float8 bytes afresh.
+_DYNAMIC_PREFIXES = ("_v", "_pin", "_prefetch")
+_DYNAMIC_SUFFIXES = ("_lowvram_function", "_comfy_model_dtype")
+
+
+def _is_transient(name: str) -> bool:
+    return name in _COMFY_TRANSIENT or name.startswith(_DYNAMIC_PREFIXES) or name.endswith(_DYNAMIC_SUFFIXES)
+
+
+def layer_scale(module) -> torch.Tensor | None:
+    """The scale that turns ``module.weight`` (float8) into real values now: the one re-derived
+    when a LoRA was merged into this weight (kept on the weight Parameter itself, so restoring
+    the unpatched Parameter restores its scale too), else the layer's own ``scale_weight``."""
+    return getattr(module.weight, "_mk_scale", module.scale_weight)
 
 
 class _Fp8CastOp:
@@ -47,18 +65,52 @@ class _Fp8CastOp:
 
     def forward_comfy_cast_weights(self, input, *args, **kwargs):
         import comfy.ops
+        lowvram_patch = getattr(self, "weight_lowvram_function", None)
+        if self.weight_function or lowvram_patch is not None:
+            return self._forward_with_weight_patches(input, lowvram_patch)
+        scale = layer_scale(self)
         if self._mk_fp8_matmul and isinstance(self, torch.nn.Linear) and fp8.fp8_matmul_supported(input, self.weight):
             # Weight stays float8 (moved to the device; lowvram LoRA functions return float8 too).
             weight, bias, offload_stream = comfy.ops.cast_bias_weight(self, input, dtype=self.weight.dtype,
                                                                       bias_dtype=input.dtype, offloadable=True)
-            out = fp8.fp8_linear(input, weight, self.scale_weight, bias)
+            out = fp8.fp8_linear(input, weight, scale, bias)
             comfy.ops.uncast_bias_weight(self, weight, bias, offload_stream)
             return out
         weight, bias, offload_stream = comfy.ops.cast_bias_weight(self, input, offloadable=True)
         if isinstance(self, torch.nn.Linear):
-            out = fp8.scaled_linear(input, weight, self.scale_weight, bias)
+            out = fp8.scaled_linear(input, weight, scale, bias)
         else:
-            out = self._conv_forward(input, fp8.scale_weight(weight, self.scale_weight), bias)
+            out = self._conv_forward(input, fp8.scale_weight(weight, scale), bias)
+        comfy.ops.uncast_bias_weight(self, weight, bias, offload_stream)
+        return out
+
+    def _forward_with_weight_patches(self, input, lowvram_patch):
+        """LoRA on a partially or dynamically loaded model: core applies its per-forward patches
+        (``weight_function`` / 0.33's ``weight_lowvram_function``) to the storage-domain values
+        (float8 / scale) it casts, and 0.33's ``LowVramPatch`` no longer calls ``convert_weight``
+        /``set_weight``: the delta would be added to the wrong quantity and then scaled. Here the
+        weight is cast without them, dequantised, and the patches are applied to the real weight."""
+        import comfy.ops
+        fns = self.weight_function
+        self.weight_function = []
+        if lowvram_patch is not None:
+            self.weight_lowvram_function = None
+        try:
+            weight, bias, offload_stream = comfy.ops.cast_bias_weight(self, input, offloadable=True)
+        finally:
+            self.weight_function = fns
+            if lowvram_patch is not None:
+                self.weight_lowvram_function = lowvram_patch
+        real = fp8.scale_weight(weight, layer_scale(self))
+        if lowvram_patch is not None:
+            real = apply_weight_patch(lowvram_patch, real)
+        for f in fns:
+            real = apply_weight_patch(f, real)
+        real = real.to(weight.dtype)
+        if isinstance(self, torch.nn.Linear):
+            out = torch.nn.functional.linear(input, real, bias)
+        else:
+            out = self._conv_forward(input, real, bias)
         comfy.ops.uncast_bias_weight(self, weight, bias, offload_stream)
         return out
 
@@ -75,18 +127,33 @@ class _Fp8CastOp:
             if inplace and original is not None:  # a copy: the caller patches it in place
                 return original.weight.detach().to(device=weight.device, dtype=weight.dtype, copy=True)
             dtype = weight.dtype if weight.dtype in fp8.HIGH_PRECISION else torch.float32
-            return fp8.dequantize_weight(weight.detach(), self.scale_weight, dtype)
+            return fp8.dequantize_weight(weight.detach(), layer_scale(self), dtype)
 
     def set_weight(self, weight, inplace_update=False, seed=None, return_weight=False, **kwargs):
-        """Real weight (float32, LoRA applied) → float8 with this layer's scale."""
+        """Real weight (float32, LoRA applied) → float8.
+
+        A merged weight (ModelPatcher's load) gets a scale re-derived from it, with this layer's
+        scaling (per-tensor / per-output-channel): a LoRA can push weights far past the
+        original amax, and the original scale would clamp them. The new scale travels on the
+        new weight Parameter (:func:`layer_scale`), so ModelPatcher's restore of the unpatched
+        Parameter restores the original scale with it. ``return_weight`` (a per-forward patch
+        that must match the stored scale) and ``inplace_update`` (the Parameter object stays,
+        so a scale on it could outlive the restore) keep the layer's scale.
+        """
         with torch.no_grad():
-            q = fp8.quantize_with_scale(weight.detach(), self.weight.dtype, self.scale_weight)
+            if return_weight or inplace_update or self._mk_scaling == "none":
+                q = fp8.quantize_with_scale(weight.detach(), self.weight.dtype, layer_scale(self))
+            else:
+                q, scale = fp8.quantize_weight(weight.detach(), self.weight.dtype, self._mk_scaling)
         if return_weight:
             return q
         if inplace_update:
             self.weight.data.copy_(q)
-        else:
-            self.weight = torch.nn.Parameter(q, requires_grad=False)
+            return
+        param = torch.nn.Parameter(q, requires_grad=False)
+        if self._mk_scaling != "none":
+            param._mk_scale = scale.to(self.scale_weight.device)
+        self.weight = param
 
 
 _FP8_CLASSES: dict[type, type] = {}
@@ -98,7 +165,8 @@ def _fp8_class(cls: type) -> type:
     return _FP8_CLASSES[cls]
 
 
-def _fp8_layer(orig: torch.nn.Module, q: torch.Tensor, scale, bias, fp8_matmul: bool = False) -> torch.nn.Module:
+def _fp8_layer(orig: torch.nn.Module, q: torch.Tensor, scale, bias, fp8_matmul: bool = False,
+              scaling: str = "per-tensor") -> torch.nn.Module:
     """New cast-op module like ``orig`` (same class + :class:`_Fp8CastOp`, same config) holding
     float8 ``q``, ``scale`` (non-persistent buffer ``scale_weight``) and ``bias`` (a copy).
     Keeps a reference to ``orig`` (read by ``convert_weight``, never written)."""
@@ -107,7 +175,7 @@ def _fp8_layer(orig: torch.nn.Module, q: torch.Tensor, scale, bias, fp8_matmul: 
     torch.nn.Module.__init__(new)
     fresh = set(new.__dict__)
     for k, v in orig.__dict__.items():
-        if k not in fresh and k not in _COMFY_TRANSIENT:
+        if k not in fresh and not _is_transient(k):
             new.__dict__[k] = v
     new.training = orig.training
     new.weight = torch.nn.Parameter(q, requires_grad=False)
@@ -118,6 +186,7 @@ def _fp8_layer(orig: torch.nn.Module, q: torch.Tensor, scale, bias, fp8_matmul: 
     new.register_buffer("scale_weight", scale, persistent=False)
     new._mk_original = (orig,)  # a tuple: not registered as a submodule
     new._mk_fp8_matmul = fp8_matmul
+    new._mk_scaling = scaling
     return new
 
 
@@ -216,7 +285,7 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
         q, s = fp8.quantize_weight(w, storage, scaling, work_device=work, out_device=n.offload_device)
         b = _unpatched(n, orig, key, "bias", in_tree)
         b = None if b is None else b.detach().to(n.offload_device, copy=True)
-        n.add_object_patch(key, _fp8_layer(orig, q, s, b, fp8_matmul))
+        n.add_object_patch(key, _fp8_layer(orig, q, s, b, fp8_matmul, scaling))
         saved += fp8.param_bytes(w) - fp8.param_bytes(q)
         cast_params += w.numel()
         pbar.update(1)

@@ -41,6 +41,21 @@ def setup_comfy(base_directory: Path | None = None):
     return root
 
 
+def flux_version_params() -> dict:
+    """Flux constructor/config entries this ComfyUI version requires beyond Flux.1's classic set.
+
+    The one place where the tests detect a ComfyUI API difference in model construction:
+    ComfyUI 0.33 added the required ``FluxParams.txt_ids_dims`` (``[]`` for Flux.1, as its own
+    model detection sets it); 0.3.75 has no such field.
+    """
+    import dataclasses
+
+    setup_comfy()
+    from comfy.ldm.flux.model import FluxParams
+    names = {f.name for f in dataclasses.fields(FluxParams)}
+    return {"txt_ids_dims": []} if "txt_ids_dims" in names else {}
+
+
 def set_models_dir(models_dir: Path) -> None:
     """Point ComfyUI's model folders (diffusion_models, checkpoints, vae, ...) at ``models_dir``."""
     import folder_paths

@@ -25,8 +25,17 @@ TARGETS = re.compile(r"(transformer_blocks\.\d+\.(attn\d\.(to_q|to_k|to_v|to_out
                      r"|in_layers\.2|out_layers\.3|proj_in|proj_out|^time_embed\.0)$")
 
 
-def make_sd15_lora(path: Path, seed: int = 4242, delta_std: float = 1e-3) -> None:
-    """Write the LoRA described in the module docstring (float32, deterministic)."""
+# A LoRA that moves weights far: rank 4 on every attention and feed-forward Linear, up and down
+# weights of std 0.3 each, so each ΔW element has std 0.3 · 0.3 · sqrt(4) = 0.18 ≈ 9 × the
+# fixture's weight std 0.02 — past the amax a float8 scale computed before the LoRA covers.
+BIG_LORA_NAME = "mk_sd15_lora_big.safetensors"
+BIG_TARGETS = re.compile(r"transformer_blocks\.\d+\.(attn\d\.(to_q|to_k|to_v|to_out\.0)|ff\.net\.(0\.proj|2))$")
+
+
+def make_sd15_lora(path: Path, seed: int = 4242, delta_std: float = 1e-3, targets: re.Pattern = TARGETS,
+                   updown_std: float | None = None) -> None:
+    """Write the LoRA described in the module docstring (float32, deterministic); ``targets``
+    and ``updown_std`` (std of each of up/down, overriding ``delta_std``) make other ones."""
     comfy_env.setup_comfy()
     import comfy.ops
     from comfy.ldm.modules.diffusionmodules.openaimodel import UNetModel
@@ -38,10 +47,10 @@ def make_sd15_lora(path: Path, seed: int = 4242, delta_std: float = 1e-3) -> Non
         unet = UNetModel(**sd15_unet_config(), operations=comfy.ops.disable_weight_init)
     gen = torch.Generator().manual_seed(seed)
     # ΔW element std = std_up · std_down · sqrt(rank) (alpha = rank → scale 1).
-    std = (delta_std / RANK ** 0.5) ** 0.5
+    std = updown_std if updown_std is not None else (delta_std / RANK ** 0.5) ** 0.5
     sd = {}
     for name, m in unet.named_modules():
-        if not TARGETS.search(name) or not isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)):
+        if not targets.search(name) or not isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)):
             continue
         out_ch, in_ch = m.weight.shape[:2]
         kernel = tuple(m.weight.shape[2:])
@@ -61,5 +70,15 @@ def ensure_sd15_lora() -> Path:
     stamp = path.with_name(path.name + f".v{LORA_VERSION}.ok")
     if not path.exists() or not stamp.exists():
         make_sd15_lora(path)
+        stamp.touch()
+    return path
+
+
+def ensure_big_lora() -> Path:
+    """Path of the far-moving LoRA (:data:`BIG_LORA_NAME`; generated on first use, then cached)."""
+    path = paths.MODELS / "loras" / BIG_LORA_NAME
+    stamp = path.with_name(path.name + f".v{LORA_VERSION}.ok")
+    if not path.exists() or not stamp.exists():
+        make_sd15_lora(path, seed=4343, targets=BIG_TARGETS, updown_std=0.3)
         stamp.touch()
     return path

@@ -27,7 +27,8 @@ def meta_patcher(kind: str, dtype: torch.dtype = torch.bfloat16):
     comfy_env.setup_comfy()
     import comfy.model_patcher
     import comfy.supported_models as sm
-    cfg, mc_cls = {"flux_dev": (FLUX_DEV, sm.Flux), "wan_14b": (WAN_14B, sm.WAN21_T2V)}[kind]
+    cfg, mc_cls = {"flux_dev": ({**FLUX_DEV, **comfy_env.flux_version_params()}, sm.Flux),
+                   "wan_14b": (WAN_14B, sm.WAN21_T2V)}[kind]
     mc = mc_cls(dict(cfg))
     mc.set_inference_dtype(dtype, None)
     model = mc.get_model({}, device=torch.device("meta"))

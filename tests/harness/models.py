@@ -140,17 +140,24 @@ def flux_comfy_to_diffusers(sd: dict[str, torch.Tensor], params: dict) -> dict[s
     key_map = comfy.utils.flux_to_diffusers(
         {"depth": params["depth"], "depth_single_blocks": params["depth_single_blocks"],
          "hidden_size": params["hidden_size"]}, output_prefix="")
-    out, used = {}, set()
+    out, used, written = {}, set(), set()
     for dkey, target in key_map.items():
+        # ComfyUI 0.33's map also lists alias names (LyCoris "ff.linear_in", Flux 2) for tensors
+        # that already have one: write each ComfyUI tensor (or qkv slice) under its first name only.
+        ident = target if isinstance(target, str) else (target[0], tuple(target[1] or ()))
+        if ident in written:
+            continue
         if isinstance(target, str):
             if target in sd:
                 out[dkey] = sd[target].clone()
                 used.add(target)
+                written.add(ident)
             continue
         ckey, offset = target[0], target[1]
         fun = target[2] if len(target) > 2 else (lambda a: a)
         if ckey not in sd:
             continue
+        written.add(ident)
         w = sd[ckey]
         if offset is not None:
             w = w.narrow(offset[0], offset[1], offset[2])
@@ -168,7 +175,7 @@ def make_flux(single_path: Path, sharded_dir: Path) -> None:
     comfy_env.setup_comfy()
     from comfy.ldm.flux.model import Flux
     from huggingface_hub import save_torch_state_dict
-    m = Flux(operations=_ops(), **FLUX_PARAMS)
+    m = Flux(operations=_ops(), **FLUX_PARAMS, **comfy_env.flux_version_params())
     randomize_(m, SEED + 5)
     sd = {k: v for k, v in m.state_dict().items()}
     del m
