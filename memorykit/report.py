@@ -37,8 +37,9 @@ def format_report(rep: dict) -> str:
     if not rep["models"]:
         lines.append("Models loaded: none")
     for m in rep["models"]:
+        path = f", {m['memory_path']}" if m.get("memory_path") else ""
         lines.append(f"{m['name']}: {g(m['size_bytes'])} GiB, {g(m['on_gpu_bytes'])} GiB on GPU "
-                     f"({m['current_device']})")
+                     f"({m['current_device']}{path})")
     return "\n".join(lines)
 
 

@@ -33,6 +33,10 @@ def test_memory_report_has_plausible_numbers(server, object_info, fixture_models
     # The UNet is part of the fp16 checkpoint file and is loaded at fp16 or fp32.
     assert 0 < unet["size_bytes"] < 2 * ckpt_bytes
     assert unet["loaded_bytes"] <= unet["size_bytes"]
+    # which memory path ComfyUI has it on (on the CPU: fully loaded; dynamic VRAM needs a GPU)
+    assert unet["memory_path"] in ("fully loaded", "lowvram (partially loaded)", "dynamic VRAM", "not loaded")
+    if not any(rep["cuda"] for rep in reports):
+        assert unet["memory_path"] == "fully loaded"
     # The text shown in the UI summarises the same figures.
     text = r["result"].outputs[next(iter(r["reports"]))]["text"][0]
     assert "RAM:" in text and "BaseModel" in text
