@@ -9,7 +9,10 @@ WEB_DIRECTORY = "./js"
 
 
 async def comfy_entrypoint() -> MemoryKitExtension:
-    """Called by ComfyUI when it loads the pack."""
+    """Called by ComfyUI when it loads the pack (in the server's main thread): folders a killed
+    server left behind are removed and this one's are removed on SIGTERM."""
+    from .memorykit.comfy_integration import start_leftover_cleanup
+    start_leftover_cleanup()
     return MemoryKitExtension()
 
 

@@ -11,7 +11,6 @@ back on the device it had before (accelerate's removal only restores offloaded t
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 
 import torch
@@ -19,6 +18,7 @@ from accelerate import dispatch_model
 from accelerate.hooks import remove_hook_from_module
 from accelerate.utils import set_module_tensor_to_device
 
+from . import leftovers
 from .device_map import OFFLOAD_DEVICES, Device, device_name, main_device as default_main_device
 
 OFFLOAD_DIR_PREFIX = "memorykit-devicemap-"
@@ -76,7 +76,7 @@ class DispatchedModel:
         finally:
             self.active = False
             if self.offload_dir:
-                shutil.rmtree(self.offload_dir, ignore_errors=True)
+                leftovers.remove_folder(self.offload_dir)
 
     def __repr__(self) -> str:
         return (f"DispatchedModel({type(self.module).__name__}, main_device={device_name(self.main_device)}, "
@@ -139,7 +139,7 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
         parent = offload_folder or tempfile.gettempdir()
         try:
             os.makedirs(parent, exist_ok=True)
-            offload_dir = tempfile.mkdtemp(prefix=OFFLOAD_DIR_PREFIX, dir=parent)
+            offload_dir = leftovers.make_folder(OFFLOAD_DIR_PREFIX, parent)
         except OSError as e:
             raise RuntimeError(f"cannot create an offload folder in {parent!r}: {e}") from None
     try:
@@ -150,7 +150,7 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
             _restore(module, original)
         finally:
             if offload_dir:
-                shutil.rmtree(offload_dir, ignore_errors=True)
+                leftovers.remove_folder(offload_dir)
         if isinstance(e, torch.OutOfMemoryError):
             on = {device_name(d) for d in device_map.values() if d not in OFFLOAD_DEVICES}
             raise RuntimeError(f"out of memory while placing the device map on {', '.join(sorted(on))}: lower "

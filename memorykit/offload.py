@@ -30,6 +30,7 @@ import weakref
 import torch
 from torch import nn
 
+from . import leftovers
 from .offload_plan import (BlockLists, GroupOffloadOptions, OffloadPlan, default_block_lists, group_tensors,
                            module_tensors, plan_offload, stream_groups)
 from .offload_stream import EventRing, cuda_ok
@@ -228,8 +229,8 @@ def apply_group_offload(module: nn.Module, onload_device: str | torch.device,
         if options.offload_to == "disk":
             parent = check_disk_folder(disk_folder, plan.streamed_bytes)
             tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", disk_tag)[:64]
-            h.disk_dir = tempfile.mkdtemp(prefix=f"memorykit-offload-{tag}-", dir=parent)
-            h._dir_finalizer = weakref.finalize(h, shutil.rmtree, h.disk_dir, True)
+            h.disk_dir = leftovers.make_folder(f"memorykit-offload-{tag}-", parent)
+            h._dir_finalizer = weakref.finalize(h, leftovers.remove_folder, h.disk_dir)
         if (options.use_stream and not options.low_cpu_mem_usage and options.offload_to == "cpu"
                 and onload.type == "cuda"):
             _page_lock(h, streamed)

@@ -13,7 +13,9 @@ Rules (each broken rule raises :class:`ShardedCheckpointError` naming the file a
   ``metadata.total_size`` (when present) equals the bytes of the tensors. So a bad checkpoint
   loads nothing, never half a model.
 - A shard name that leaves the folder (``../x``, an absolute path, a symlink pointing outside
-  the folder's real path) is refused.
+  the folder's real path) is refused; the one exception is a Hugging Face cache snapshot
+  (``models--org--name/snapshots/<rev>/``), whose files link into the same repository's
+  ``blobs/`` folder.
 - Only ``.safetensors`` shards are read. Pickle files (``.bin``, ``.pt``, ``.pth``, ``.ckpt``,
   ``.pkl``) are never opened, let alone unpickled.
 - Shards are read one at a time with ``safetensors.safe_open`` (memory-mapped): the returned
@@ -165,7 +167,8 @@ def safe_join(folder: Path, name: str, what: str = "shard") -> Path:
 
     ``folder`` must already be a real path. Refused (ShardedCheckpointError): non-strings, empty
     names, absolute paths (POSIX or Windows), ``..`` components, and names whose real path
-    (symlinks followed) lies outside ``folder``.
+    (symlinks followed) lies outside ``folder``, except, inside a Hugging Face cache snapshot,
+    links into the same repository's ``blobs/`` (:func:`hf_cache_blobs`).
     """
     if not isinstance(name, str) or not name.strip():
         raise ShardedCheckpointError(f"{what} name {name!r} is not a file name")
@@ -173,10 +176,30 @@ def safe_join(folder: Path, name: str, what: str = "shard") -> Path:
     if name.startswith(("/", "\\")) or os.path.isabs(name) or (len(name) > 1 and name[1] == ":") or ".." in parts:
         raise ShardedCheckpointError(f"{what} name {name!r} points outside the folder {folder}: refused")
     target = Path(os.path.realpath(folder / name))
-    if os.path.commonpath([target, folder]) != str(folder):
-        raise ShardedCheckpointError(f"{what} {name!r} is a symlink to {target}, outside the folder {folder}: "
-                                     "refused (copy the file into the folder, or link the whole folder)")
-    return target
+    if os.path.commonpath([target, folder]) == str(folder):
+        return target
+    blobs = hf_cache_blobs(folder)
+    if blobs is not None and os.path.commonpath([target, blobs]) == str(blobs):
+        return target  # a Hugging Face cache snapshot: its files link into the same repository's blobs/
+    raise ShardedCheckpointError(f"{what} {name!r} is a symlink to {target}, outside the folder {folder}: "
+                                 "refused (copy the file into the folder, or link the whole folder)")
+
+
+def hf_cache_blobs(folder: Path) -> Path | None:
+    """``<cache>/models--org--name/blobs`` when ``folder`` (a real path) lies inside that
+    repository's ``snapshots/<revision>/`` of a Hugging Face cache, else None. Files of a cache
+    snapshot are symlinks into ``../../blobs/``; links there are the only ones allowed to leave
+    the folder."""
+    parts = folder.parts
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i] == "snapshots" and parts[i - 1].startswith("models--") and len(parts) > i + 1:
+            return Path(*parts[:i]) / "blobs"
+    return None
+
+
+def _json_type(value) -> str:
+    return {dict: "JSON object", list: "JSON list", bool: "boolean", type(None): "null", int: "number",
+            float: "number"}.get(type(value), type(value).__name__)
 
 
 def _load_index_json(index_path: Path) -> dict:
@@ -191,11 +214,20 @@ def _load_index_json(index_path: Path) -> dict:
         data = json.loads(index_path.read_text(encoding="utf-8"), object_pairs_hook=no_duplicates)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ShardedCheckpointError(f"{index_path}: not a valid JSON index ({e})") from e
+    except RecursionError:
+        raise ShardedCheckpointError(f"{index_path}: the JSON is nested too deeply to be an index (expected "
+                                     '{"metadata": {"total_size": N}, "weight_map": {tensor: file}}); '
+                                     "re-download or re-save the checkpoint") from None
     if not isinstance(data, dict) or not isinstance(data.get("weight_map"), dict):
         raise ShardedCheckpointError(f"{index_path}: no 'weight_map' object (expected "
                                      '{"metadata": {"total_size": N}, "weight_map": {tensor: file}})')
     if not data["weight_map"]:
         raise ShardedCheckpointError(f"{index_path}: 'weight_map' is empty")
+    for key, name in data["weight_map"].items():
+        if not isinstance(name, str):
+            raise ShardedCheckpointError(f"{index_path}: weight_map[{key!r}] is a {_json_type(name)}; each value must "
+                                         "be the file name of the shard holding that tensor (a string such as "
+                                         "'model-00001-of-00002.safetensors'): fix the index")
     meta = data.get("metadata") or {}
     if not isinstance(meta, dict):
         raise ShardedCheckpointError(f"{index_path}: 'metadata' is not an object")
@@ -274,10 +306,14 @@ def read_index(path: str | os.PathLike) -> ShardedIndex:
     meta = dict(data.get("metadata") or {})
     total_size = meta.get("total_size")
     if total_size is not None:
+        shown = json.dumps(total_size)  # as written in the index: Infinity, NaN, "12", ...
         try:
+            if isinstance(total_size, bool) or (isinstance(total_size, float) and not total_size.is_integer()):
+                raise ValueError
             total_size = int(total_size)
-        except (TypeError, ValueError):
-            raise ShardedCheckpointError(f"{index_path}: metadata.total_size {total_size!r} is not a number")
+        except (TypeError, ValueError, OverflowError):
+            raise ShardedCheckpointError(f"{index_path}: metadata.total_size {shown} is not a whole number of bytes; "
+                                         f"set it to {nbytes} (the bytes of the shards' tensors) or remove it") from None
         if total_size != nbytes:
             raise ShardedCheckpointError(f"{index_path}: metadata.total_size is {total_size} bytes but the shards "
                                          f"hold {nbytes} bytes of tensors: index and shards do not match")

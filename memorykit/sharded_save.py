@@ -13,23 +13,29 @@ ComfyUI's loaders do not re-tie: here such tensors are copied so every name is s
 The shards are written into a hidden temporary folder next to the destination, which is
 renamed into place at the end; on any error or interrupt the temporary folder is removed, so
 a destination is either complete or untouched. An existing destination is refused unless
-``overwrite=True``. Knows nothing of ComfyUI.
+``overwrite=True``; then only what an earlier save wrote there (its index and the shards that
+index names) is replaced, anything else in the folder is left as it is, and a folder holding
+no such checkpoint is refused (:func:`previous_save`). Knows nothing of ComfyUI.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
 
 import torch
 
+from . import leftovers
 from .sharded import Progress
 
 # Same units as huggingface_hub.serialization._base.SIZE_UNITS (decimal, as HF writes them).
 SIZE_UNITS = {"TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3}
 DEFAULT_PATTERN = "model{suffix}.safetensors"
+MAX_SIZE = 10**18  # 1 EB: far beyond any disk, still exact in int and float
 
 
 def parse_size(size: str | int) -> int:
@@ -45,12 +51,69 @@ def parse_size(size: str | int) -> int:
         if unit not in SIZE_UNITS:
             raise ValueError(f"max_shard_size {size!r}: unit must be one of TB, GB, MB, KB (e.g. '5GB')")
         try:
-            value = int(float(text[:-2].strip()) * SIZE_UNITS[unit])
+            number = float(text[:-2].strip())
         except ValueError as e:
             raise ValueError(f"max_shard_size {size!r}: cannot read the number before the unit") from e
+        if not math.isfinite(number) or number * SIZE_UNITS[unit] > MAX_SIZE:
+            raise ValueError(f"max_shard_size {size!r} is not a usable size: give a finite size up to "
+                             f"{MAX_SIZE // 10**12} TB, e.g. '5GB'")
+        value = int(number * SIZE_UNITS[unit])
     if value <= 0:
         raise ValueError(f"max_shard_size {size!r} must be larger than 0 bytes")
     return value
+
+
+def _shard_regex(filename_pattern: str) -> re.Pattern:
+    head, tail = filename_pattern.split("{suffix}", 1)
+    return re.compile(re.escape(head) + r"-\d{5}-of-\d{5}" + re.escape(tail))
+
+
+def previous_save(folder: str | os.PathLike, filename_pattern: str = DEFAULT_PATTERN) -> list[str]:
+    """The files an earlier :func:`save_sharded` wrote into ``folder`` (with the same
+    ``filename_pattern``): its index and the shards the index names; what ``overwrite`` may replace.
+
+    Raises FileExistsError, naming what the folder holds and what to do, when ``folder`` is not
+    a folder, holds no such index, or the index is unreadable or names files that are not plain
+    shard names of this pattern (``model-00001-of-00003.safetensors``) in the folder itself.
+    """
+    folder = Path(folder)
+    index_name = filename_pattern.format(suffix="") + ".index.json"
+    if not folder.is_dir():
+        raise FileExistsError(f"{folder} exists and is not a folder; refusing to replace it: choose another name")
+    entries = sorted(e.name + ("/" if e.is_dir() else "") for e in folder.iterdir())
+    shown = ", ".join(entries[:8]) + (f" and {len(entries) - 8} more" if len(entries) > 8 else "")
+
+    def refuse(why: str) -> FileExistsError:
+        return FileExistsError(f"{folder} is not a sharded checkpoint written by Save Sharded ({why}; it holds: "
+                               f"{shown or 'nothing'}); overwrite replaces only such a checkpoint and never deletes "
+                               "other files: choose another name, or move those files away")
+    index = folder / index_name
+    if not index.is_file():
+        raise refuse(f"no {index_name}")
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+    except (OSError, ValueError, AttributeError, RecursionError) as e:
+        raise refuse(f"{index_name} is not a readable index: {type(e).__name__}") from None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise refuse(f"{index_name} has no weight_map")
+    names = sorted({v for v in weight_map.values() if isinstance(v, str)})
+    shard = _shard_regex(filename_pattern)
+    foreign = [v for v in weight_map.values() if not isinstance(v, str) or not shard.fullmatch(v)]
+    if foreign:
+        raise refuse(f"{index_name} names {foreign[0]!r}, not a shard name Save Sharded writes")
+    return [index_name] + [n for n in names if (folder / n).is_file() and not (folder / n).is_symlink()]
+
+
+NAME_MAX = 255  # bytes of one path component on Linux, macOS and Windows file systems
+
+
+def partial_folder(folder: Path) -> Path:
+    """A new hidden sibling ``.<name>.partial-<8 hex>`` of ``folder`` for an unfinished save
+    (``<name>`` shortened when needed so that the name and its ``-old`` twin fit NAME_MAX)."""
+    tag = f".partial-{uuid.uuid4().hex[:8]}"
+    room = NAME_MAX - len(("." + tag + "-old").encode())
+    name = folder.name.encode()[:room].decode("utf-8", "ignore")
+    return folder.parent / f".{name}{tag}"
 
 
 def _own_storage(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -90,7 +153,8 @@ def save_sharded(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike,
     Returns ``{"folder", "index", "files", "shards", "tensors", "total_bytes"}``. Raises
     ValueError for a bad ``max_shard_size``, a non-tensor entry, an empty state dict, a
     ``filename_pattern`` without ``{suffix}`` or not ending in ``.safetensors``, and
-    FileExistsError when ``folder`` exists and ``overwrite`` is False.
+    FileExistsError when ``folder`` exists and ``overwrite`` is False, or with ``overwrite``
+    when it holds no earlier save (see :func:`previous_save`) or a file the new save would write.
     """
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
@@ -103,8 +167,7 @@ def save_sharded(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike,
         raise ValueError("nothing to save: the state dict is empty")
     if folder.exists() and not overwrite:
         raise FileExistsError(f"{folder} already exists; choose another name or enable overwrite to replace it")
-    if folder.exists() and not folder.is_dir():
-        raise FileExistsError(f"{folder} exists and is not a folder; refusing to replace it")
+    old_files = previous_save(folder, filename_pattern) if folder.exists() else None
     metadata = {str(k): str(v) for k, v in (metadata or {}).items()}
     sd = _own_storage(state_dict)
     split = split_torch_state_dict_into_shards(sd, filename_pattern=filename_pattern, max_shard_size=limit)
@@ -117,11 +180,17 @@ def save_sharded(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike,
         tensor_to_filename = {k: only for k in file_to_tensors[only]}
     files = list(file_to_tensors)
     index_name = filename_pattern.format(suffix="") + ".index.json"
+    if old_files is not None:
+        clash = [f for f in files if (folder / f).exists() and f not in old_files]
+        if clash:
+            raise FileExistsError(f"{folder} holds {clash[0]!r}, which the new save would write but its index does "
+                                  "not name; move it away or choose another name")
 
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.parent / f".{folder.name}.partial-{uuid.uuid4().hex[:8]}"
+    tmp = partial_folder(folder)
     tmp.mkdir()
     try:
+        leftovers.track(tmp)  # removed at the next start if this process is killed
         for i, fname in enumerate(files):
             shard = {k: sd[k].to("cpu").contiguous() for k in file_to_tensors[fname]}
             save_file(shard, str(tmp / fname), metadata={"format": "pt", **metadata})
@@ -130,32 +199,50 @@ def save_sharded(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike,
                 progress(i + 1, len(files))
         index = {"metadata": {**split.metadata, **metadata}, "weight_map": tensor_to_filename}
         (tmp / index_name).write_text(json.dumps(index, indent=2))
-        _replace_folder(tmp, folder, overwrite)
+        if old_files is None:
+            _new_folder(tmp, folder)
+        else:
+            _replace_files(tmp, folder, old_files, files + [index_name])
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        leftovers.remove_folder(tmp)
         raise
     total = int(split.metadata.get("total_size", sum(t.nbytes for t in sd.values())))
     return {"folder": str(folder), "index": str(folder / index_name), "files": files, "shards": len(files),
             "tensors": len(tensor_to_filename), "total_bytes": total}
 
 
-def _replace_folder(tmp: Path, folder: Path, overwrite: bool) -> None:
-    """Move the finished ``tmp`` to ``folder``; an existing ``folder`` (overwrite) is moved
-    aside first and deleted only after the new one is in place."""
-    if not folder.exists():
-        try:
-            os.rename(tmp, folder)
-        except OSError as e:  # appeared meanwhile
-            raise FileExistsError(f"{folder} could not be created: {e}") from e
-        return
-    if not overwrite:
-        raise FileExistsError(f"{folder} already exists; enable overwrite to replace it")
-    old = folder.parent / f".{folder.name}.old-{uuid.uuid4().hex[:8]}"
-    os.rename(folder, old)
+def _new_folder(tmp: Path, folder: Path) -> None:
+    leftovers.forget(tmp, drop_marker=True)  # the finished folder is the user's, not a leftover
     try:
         os.rename(tmp, folder)
-    except BaseException:
-        os.rename(old, folder)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:  # appeared meanwhile
+        leftovers.track(tmp)
+        raise FileExistsError(f"{folder} could not be created: {e}") from e
 
+
+def _replace_files(tmp: Path, folder: Path, old_files: list[str], new_files: list[str]) -> None:
+    """Swap an earlier save's files in ``folder`` for the finished ones in ``tmp``: the old
+    index and shards are moved aside (into ``tmp``'s sibling), the new shards moved in, the
+    new index last; on failure the old files are put back. Other entries are never touched.
+    The aside folder is deliberately not tracked by :mod:`leftovers`: after a kill in the
+    middle of the swap it holds the only copy of the old model."""
+    aside = tmp.parent / f"{tmp.name}-old"
+    aside.mkdir()
+    moved: list[str] = []
+    placed: list[str] = []
+    try:
+        for name in old_files:  # the index first: the folder never shows an index naming missing shards
+            os.rename(folder / name, aside / name)
+            moved.append(name)
+        for name in new_files:  # index last
+            os.rename(tmp / name, folder / name)
+            placed.append(name)
+    except BaseException:
+        for name in placed:
+            os.rename(folder / name, tmp / name)
+        for name in reversed(moved):
+            os.rename(aside / name, folder / name)
+        shutil.rmtree(aside, ignore_errors=True)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+    leftovers.remove_folder(tmp)

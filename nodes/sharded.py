@@ -95,8 +95,10 @@ class SaveSharded(io.ComfyNode):
                                 tooltip="Largest shard, in huggingface_hub's units: KB, MB, GB, TB (powers of 10; "
                                         "'5GB' = 5·10⁹ bytes). A single tensor larger than this gets its own shard."),
                 io.Boolean.Input("overwrite", default=False,
-                                 tooltip="Replace the folder if it already exists (the old one is removed only "
-                                         "after the new one is complete). Off: an existing folder is an error."),
+                                 tooltip="Replace a model an earlier Save Sharded wrote into this folder: only its "
+                                         "index and the shards it names are replaced (after the new ones are "
+                                         "complete); other files stay. A folder holding anything else is refused. "
+                                         "Off: an existing folder is an error."),
             ],
             outputs=[],
         )

@@ -5,6 +5,7 @@ Modules, one per technique plus two shared ones:
 
 - ``compat``: every difference between the supported ComfyUI versions, detected in one place;
 - ``common``: the models ComfyUI holds, ``weight_dtype`` → ``model_options``;
+- ``cleanup``: folders left by a stopped server removed at start and on SIGTERM;
 - ``free`` (Free Memory), ``sharded_io`` (sharded load/save through core's loaders),
   ``fp8_patcher`` (FP8 Layerwise Cast object patches), ``offload_patcher`` (Group Offload's
   ModelPatcher subclass), ``device_map_patcher`` (Balanced Device Map's ModelPatcher subclass),
@@ -12,6 +13,7 @@ Modules, one per technique plus two shared ones:
 
 The names below are the public API the nodes use.
 """
+from .cleanup import start_leftover_cleanup
 from .common import WEIGHT_DTYPES, loaded_models, weight_dtype_options
 from .compat import is_dynamic, memory_path, opt_out_of_dynamic_vram, patcher_free_memory
 from .device_map_patcher import DEVICE_MAP_ATTACHMENT, DeviceMapPlan, device_map_applied, device_map_model
@@ -26,6 +28,7 @@ from .sharded_io import (diffusion_models_dir, load_sharded_diffusion_model, loa
 from .tiled_vae_io import TiledVAEOptions, tiled_vae_decode, tiled_vae_encode, vae_shape
 
 __all__ = [
+    "start_leftover_cleanup",
     "WEIGHT_DTYPES", "loaded_models", "weight_dtype_options",
     "is_dynamic", "memory_path", "opt_out_of_dynamic_vram", "patcher_free_memory",
     "DEVICE_MAP_ATTACHMENT", "DeviceMapPlan", "device_map_applied", "device_map_model",

@@ -12,9 +12,12 @@ import json
 import os
 from pathlib import Path
 
-from .. import report, sharded, sharded_save
+import torch
+
+from .. import report, scaled_fp8, sharded, sharded_save
 from .common import loaded_models, weight_dtype_options
 from .compat import model_state_dict_for_saving as _compat_state_dict
+from .fp8_patcher import FP8_ATTACHMENT
 
 _CLIP_LOADER_TYPES = ["stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart",
                       "cosmos", "lumina2", "wan", "hidream", "chroma", "ace", "omnigen2", "qwen_image",
@@ -135,22 +138,65 @@ def diffusion_models_dir() -> Path:
     return Path((named or roots)[0])
 
 
-def model_state_dict_for_saving(model) -> tuple[dict, dict]:
+def model_state_dict_for_saving(model) -> tuple[dict, dict, dict | None]:
     """A MODEL's diffusion-model state dict in ComfyUI's names, as ModelSave saves it.
 
     Like ``comfy.sd.save_checkpoint`` on each ComfyUI version (see
     :func:`compat.model_state_dict_for_saving`): LoRA and other weight patches merged, keys
     prefixed ``model.diffusion_model.`` or the model type's own prefix. Non-tensor entries
     (``_quantization_metadata``) are returned as JSON strings in the second dict (safetensors
-    metadata). Weights patched in place are the model's own tensors (no copy).
+    metadata). Weights patched in place are the model's own tensors (no copy). Layers cast by
+    FP8 Layerwise Cast are written the way core's loaders read them back
+    (:func:`scaled_fp8.checkpoint_tensors`); the third value is its info (None for a model
+    without float8 layers).
     """
-    import torch
     sd = _compat_state_dict(model)
     metadata = {}
     for k in [k for k, v in sd.items() if not isinstance(v, torch.Tensor)]:
         v = sd.pop(k)
         metadata[k] = v if isinstance(v, str) else json.dumps(v)
-    return sd, metadata
+    sd, fp8_info = _fp8_layers_for_saving(model, sd)
+    return sd, metadata, fp8_info
+
+
+def _fp8_layers_for_saving(model, sd: dict) -> tuple[dict, dict | None]:
+    """``sd`` with FP8 Layerwise Cast's layers (float8 values + a non-persistent scale, object
+    patches of ``model``) in core's scaled-fp8 checkpoint form, or dequantised."""
+    cast = (model.get_attachment(FP8_ATTACHMENT) or {}).get("cast") or []
+    if not cast:
+        return sd, None
+    # The prefix core's savers give diffusion-model keys (model.diffusion_model., net., ...).
+    prefix = next(iter(model.model.model_config.process_unet_state_dict_for_saving({"": None})))
+    layers = {}
+    for name in cast:
+        layer = model.get_model_object(f"diffusion_model.{name}")
+        weight = sd.get(f"{prefix}{name}.weight")
+        if weight is None or weight.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+            continue
+        original = getattr(layer, "_mk_original", (None,))[0]
+        dtype = original.weight.dtype if original is not None and original.weight.is_floating_point() \
+            and original.weight.dtype.itemsize > 1 else torch.float32
+        layers[name] = scaled_fp8.Fp8Layer(getattr(layer, "scale_weight", None), dtype,
+                                           isinstance(layer, torch.nn.Linear))
+    core_linears = {n for n, m in model.model.diffusion_model.named_modules()
+                    if isinstance(m, torch.nn.Linear) and hasattr(m, "comfy_cast_weights")}
+    core_linears |= {n for n, layer in layers.items() if layer.linear}
+    return scaled_fp8.checkpoint_tensors(sd, prefix, layers, core_linears)
+
+
+def _check_save_name(name: str, parts: list[str]) -> None:
+    bad = next((i for i, c in enumerate(name) if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise ValueError(f"name {name!r}: character {bad + 1} is a control character ({name[bad]!r}); "
+                         "remove it (folder names are printable text)")
+    for part in parts:
+        if part.startswith("."):
+            raise ValueError(f"name {name!r}: the folder name {part!r} starts with '.', so it is hidden and Sharded "
+                             "Checkpoint Loader would never list it; remove the leading '.'")
+        n = len(part.encode("utf-8"))
+        if n > sharded_save.NAME_MAX:
+            raise ValueError(f"name: the folder name {part[:40]!r}... is {n} bytes long; file systems allow at most "
+                             f"{sharded_save.NAME_MAX}: shorten it")
 
 
 def save_model_sharded(model, name: str, max_shard_size: str = "5GB", overwrite: bool = False, progress=None) -> dict:
@@ -159,19 +205,24 @@ def save_model_sharded(model, name: str, max_shard_size: str = "5GB", overwrite:
     ``name``: a folder name (sub-folders with ``/`` allowed; no ``..``, not absolute). See
     ``sharded_save.save_sharded`` for the files, the atomic write and ``overwrite``. Returns its
     summary plus ``seconds`` and ``choice`` (the entry Sharded Checkpoint Loader lists).
-    Raises ValueError for a bad name or size, FileExistsError for an existing folder.
+    Raises ValueError for a bad name or size, FileExistsError for an existing folder (with
+    ``overwrite``: one that holds no earlier Save Sharded checkpoint; only that checkpoint's
+    index and shards are replaced, other files in the folder are kept).
     """
     import comfy.utils
     name = (name or "").strip().rstrip("/")
     parts = name.replace("\\", "/").split("/")
     if not name or os.path.isabs(name) or any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"name {name!r}: give a folder name inside models/diffusion_models (no '..', not absolute)")
+    _check_save_name(name, parts)
     sharded_save.parse_size(max_shard_size)  # fail before any work
     dest = diffusion_models_dir() / name
     if dest.exists() and not overwrite:
         raise FileExistsError(f"{dest} already exists; choose another name or enable overwrite to replace it")
+    if dest.exists():
+        sharded_save.previous_save(dest)  # refuses a folder that is not an earlier save, before any work
     with sharded.Timer() as t:
-        sd, metadata = model_state_dict_for_saving(model)
+        sd, metadata, fp8_info = model_state_dict_for_saving(model)
         bar = None
         if progress is None:
             def progress(done, total):
@@ -181,6 +232,8 @@ def save_model_sharded(model, name: str, max_shard_size: str = "5GB", overwrite:
         info = sharded_save.save_sharded(sd, dest, max_shard_size=max_shard_size, metadata=metadata,
                                           overwrite=overwrite, progress=progress)
     info.update(seconds=round(t.seconds, 3), choice=name, action="Saved")
+    if fp8_info is not None:
+        info["fp8"] = dict(fp8_info, note=scaled_fp8.describe(fp8_info))
     return info
 
 
@@ -191,4 +244,6 @@ def sharded_ui(label: str, info: dict) -> dict:
     rep["sharded"] = info
     lines = report.format_report(rep).split("\n")
     lines.insert(1, sharded.summary_text(info))
+    if "fp8" in info:
+        lines.insert(2, info["fp8"]["note"])
     return {"memorykit_report": [rep], "text": ["\n".join(lines)]}

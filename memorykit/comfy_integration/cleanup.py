@@ -1,0 +1,39 @@
+"""Leftover folders after a stopped server (see ``memorykit.leftovers``), wired to ComfyUI.
+
+The list of folders the pack creates lives in ComfyUI's user directory, in the system-user
+folder ``__memorykit`` (the ``__`` prefix keeps it out of the user-data HTTP API).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from .. import leftovers
+
+log = logging.getLogger("memorykit")
+
+
+def state_directory() -> str:
+    """``<ComfyUI user directory>/__memorykit``: where the list of created folders is kept."""
+    import folder_paths
+    if hasattr(folder_paths, "get_system_user_directory"):
+        return folder_paths.get_system_user_directory("memorykit")
+    return os.path.join(folder_paths.get_user_directory(), "__memorykit")
+
+
+def start_leftover_cleanup() -> list[str]:
+    """At pack start in a ComfyUI server: keep the folder list in :func:`state_directory`,
+    delete the listed folders whose creating process is gone (a killed server's offload and
+    partial-save folders; a live server's are kept), and remove this process's folders on
+    SIGTERM before passing the signal on. Returns the deleted paths. Never raises: a failure
+    is logged and the pack loads anyway."""
+    try:
+        leftovers.configure(state_directory())
+        removed = leftovers.remove_stale()
+        for path in removed:
+            log.info("MemoryKit: removed %s, left behind by a stopped process", path)
+        leftovers.install_sigterm_cleanup()
+        return removed
+    except Exception as e:  # never block the pack from loading
+        log.warning("MemoryKit: cleaning up leftover folders failed: %s", e)
+        return []
