@@ -17,7 +17,7 @@ import torch
 from .. import report, scaled_fp8, sharded, sharded_save
 from .common import loaded_models, weight_dtype_options
 from .compat import model_state_dict_for_saving as _compat_state_dict
-from .fp8_patcher import FP8_ATTACHMENT
+from .fp8_patcher import FP8_ATTACHMENT, layer_scale
 
 _CLIP_LOADER_TYPES = ["stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart",
                       "cosmos", "lumina2", "wan", "hidream", "chroma", "ace", "omnigen2", "qwen_image",
@@ -176,7 +176,7 @@ def _fp8_layers_for_saving(model, sd: dict) -> tuple[dict, dict | None]:
         original = getattr(layer, "_mk_original", (None,))[0]
         dtype = original.weight.dtype if original is not None and original.weight.is_floating_point() \
             and original.weight.dtype.itemsize > 1 else torch.float32
-        layers[name] = scaled_fp8.Fp8Layer(getattr(layer, "scale_weight", None), dtype,
+        layers[name] = scaled_fp8.Fp8Layer(layer_scale(layer) if hasattr(layer, "scale_weight") else None, dtype,
                                            isinstance(layer, torch.nn.Linear))
     core_linears = {n for n, m in model.model.diffusion_model.named_modules()
                     if isinstance(m, torch.nn.Linear) and hasattr(m, "comfy_cast_weights")}
