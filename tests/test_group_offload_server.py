@@ -173,8 +173,8 @@ def test_disk_files_live_while_loaded_and_go_on_unload(server, wan_plain, folder
     dirs = offload_dirs(folder)
     assert len(dirs) == 1 and dirs[0].startswith("memorykit-offload-WAN21-")
     assert any(n.endswith(".safetensors") for n in os.listdir(folder / dirs[0]))
-    server.free(unload_models=True)
-    assert wait_until(lambda: os.listdir(folder) == []), os.listdir(folder)
+    server.free(unload_models=True, wait=True)
+    assert os.listdir(folder) == []
 
 
 def _readonly_folder(tmp_path) -> str | None:

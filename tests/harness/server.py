@@ -203,8 +203,17 @@ class ComfyServer:
     def interrupt(self) -> None:
         self.post("/interrupt")
 
-    def free(self, unload_models: bool = True, free_memory: bool = True) -> None:
+    def free(self, unload_models: bool = True, free_memory: bool = True, wait: bool = False) -> None:
+        """``POST /free``. ComfyUI answers at once and acts later: its prompt worker reads the flags
+        after the next prompt it runs, and sends nothing. ``wait=True`` queues two trivial prompts
+        and waits for both: the flags were handled between them."""
         self.post("/free", {"unload_models": unload_models, "free_memory": free_memory})
+        if wait:
+            for _ in range(2):
+                res = self.run({"1": {"class_type": "MemoryKitMemoryReport",
+                                      "inputs": {"value": uuid.uuid4().hex, "label": "free", "reset_peak": False}}})
+                if res.status != "success":
+                    raise RuntimeError(f"trivial prompt after /free failed: {res.error}")
 
     def queue_remaining(self) -> int:
         return self.get("/prompt")["exec_info"]["queue_remaining"]
