@@ -1,16 +1,25 @@
 # The two commands of the README. Each runs the idempotent set-up first.
+#   make demo                         ComfyUI 0.3.75 (or your own tree: COMFYUI_PATH=...)
+#   make demo COMFYUI_VERSION=0.33    ComfyUI 0.33.0 (tree from COMFYUI_033_PATH / COMFYUI_033_TARBALL / ../shared/comfyui)
+#   make test                         the suite on 0.3.75, then on 0.33.0 when a 0.33 tree is provided
+COMFYUI_VERSION ?= 0.3.75
+ifeq ($(COMFYUI_VERSION),0.33)
+PY := .venv-0.33/bin/python
+DEMO_ENV := COMFYUI_PATH=$(or $(COMFYUI_033_PATH),$(CURDIR)/.cache/comfyui-0.33.0)
+else
 PY := .venv/bin/python
+DEMO_ENV :=
+endif
 
-.PHONY: setup demo test workflows bench
+.PHONY: setup demo test workflows
 setup:
-	bash scripts/setup.sh
+	bash scripts/setup.sh $(COMFYUI_VERSION)
 
 demo: setup
-	$(PY) scripts/demo.py
+	$(DEMO_ENV) $(PY) scripts/demo.py
 
-# The suite on ComfyUI 0.3.75, then on 0.33.0 when a 0.33 tree is provided (see scripts/test.sh).
 test:
 	bash scripts/test.sh
 
 workflows: setup
-	$(PY) scripts/build_example_workflows.py
+	$(DEMO_ENV) $(PY) scripts/build_example_workflows.py
