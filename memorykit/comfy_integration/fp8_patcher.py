@@ -104,6 +104,9 @@ class _Fp8CastOp:
         real = fp8.scale_weight(weight, layer_scale(self))
         if lowvram_patch is not None:
             real = apply_weight_patch(lowvram_patch, real)
+            clear = getattr(lowvram_patch, "clear_prepared", None)  # 0.33: patches a prefetch staged
+            if clear is not None:
+                clear()
         for f in fns:
             real = apply_weight_patch(f, real)
         real = real.to(weight.dtype)
