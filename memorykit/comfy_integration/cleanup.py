@@ -6,19 +6,16 @@ folder ``__memorykit`` (the ``__`` prefix keeps it out of the user-data HTTP API
 from __future__ import annotations
 
 import logging
-import os
 
 from .. import leftovers
+from .compat import system_user_directory
 
 log = logging.getLogger("memorykit")
 
 
 def state_directory() -> str:
     """``<ComfyUI user directory>/__memorykit``: where the list of created folders is kept."""
-    import folder_paths
-    if hasattr(folder_paths, "get_system_user_directory"):
-        return folder_paths.get_system_user_directory("memorykit")
-    return os.path.join(folder_paths.get_user_directory(), "__memorykit")
+    return system_user_directory("memorykit")
 
 
 def start_leftover_cleanup() -> list[str]:

@@ -7,7 +7,9 @@ it needs (never a version number) and does the right thing on both sides:
   :func:`opt_out_of_dynamic_vram`, :func:`memory_path`;
 - free memory as core itself would offer it: :func:`patcher_free_memory`;
 - saving: :func:`model_state_dict_for_saving` (0.33 moved it to ``ModelPatcher`` and made it lazy);
-- the VAE ``Decoder`` lost ``give_pre_end`` in 0.33: :func:`decoder_gives_pre_end`.
+- the VAE ``Decoder`` lost ``give_pre_end`` in 0.33: :func:`decoder_gives_pre_end`;
+- per-forward LoRA patches on float8 layers: :func:`apply_weight_patch`;
+- a private folder in the user directory: :func:`system_user_directory`.
 """
 from __future__ import annotations
 
@@ -121,6 +123,19 @@ def apply_weight_patch(patch, weight: torch.Tensor) -> torch.Tensor:
         import comfy.lora
         return comfy.lora.calculate_weight(patch.patches[patch.key], weight, patch.key, intermediate_dtype=weight.dtype)
     return patch(weight)
+
+
+def system_user_directory(name: str) -> str:
+    """``<ComfyUI user directory>/__<name>``: a folder the user-data HTTP API does not serve.
+
+    ``folder_paths.get_system_user_directory`` where it exists (newer ComfyUI), else the same
+    path built from ``get_user_directory()``."""
+    import os
+
+    import folder_paths
+    if hasattr(folder_paths, "get_system_user_directory"):
+        return folder_paths.get_system_user_directory(name)
+    return os.path.join(folder_paths.get_user_directory(), f"__{name}")
 
 
 def decoder_gives_pre_end(decoder) -> bool:
