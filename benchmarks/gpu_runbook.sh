@@ -14,6 +14,7 @@
 # atomically after every case), runbook.log (everything else, merged), table.md, plot.png.
 set -uo pipefail
 T0=$(date +%s.%N)
+main() {  # the whole script is parsed before it runs
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 DEVICE="${DEVICE:-cuda}"
@@ -49,4 +50,7 @@ echo "[runbook.sh] python $("$PY" -c 'import sys; print(sys.version.split()[0])'
   ${CASES:+--cases "$CASES"} ${RESUME:+--resume "$RESUME"}
 rc=$?
 echo "[runbook.sh] done rc=$rc after $(( $(date +%s) - ${T0%.*} )) s; files in $OUTDIR: $(ls "$OUTDIR" | wc -l)"
-exit $rc
+return $rc
+}
+main "$@"
+exit $?
