@@ -91,10 +91,11 @@ def write_json_atomic(path, data) -> None:
 
 class DevicePeak:
     """Peak device memory in use (``cudaMemGetInfo``: every allocator, comfy-aimdo's too) above
-    the level at ``start()``, sampled every ``period_s`` by a thread. None on a CPU."""
+    ``base`` bytes in use (default: the level on entering), sampled every ``period_s`` by a
+    thread while the ``with`` block runs. ``peak`` is None on a CPU."""
 
-    def __init__(self, device: torch.device, period_s: float = 0.002):
-        self.device, self.period_s, self.peak, self._stop = device, period_s, None, None
+    def __init__(self, device: torch.device, period_s: float = 0.002, base: int | None = None):
+        self.device, self.period_s, self.peak, self._stop, self._base = device, period_s, None, None, base
 
     def _used(self) -> int:
         free, total = torch.cuda.mem_get_info(self.device)
@@ -104,7 +105,7 @@ class DevicePeak:
         if self.device.type != "cuda":
             return self
         import threading
-        self.base = self._used()
+        self.base = self._base if self._base is not None else self._used()
         self.peak = 0
         self._stop = threading.Event()
 

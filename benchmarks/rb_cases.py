@@ -130,11 +130,20 @@ def cap_free_bytes(ctx: Ctx, res: int) -> int | None:
     return int(CAP_WEIGHTS_FRAC * r["weights"] + act)
 
 
+def mark_device_base(ctx: Ctx) -> None:
+    """Device memory in use now: ``peak_device_bytes`` of the next :func:`timed` counts from here
+    (call it before the weights are loaded, after the filler)."""
+    if ctx.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(ctx.device)
+        ctx.cache["dev_base"] = total - free
+
+
 def apply_cap(ctx: Ctx, res: int) -> dict:
     free = cap_free_bytes(ctx, res)
     if free is None:
         return {"cap_free_bytes": None}
     ctx.filler, n = measure.vram_filler(ctx.device, free)
+    mark_device_base(ctx)
     return {"cap_free_bytes": free, "filler_bytes": n}
 
 
@@ -142,7 +151,7 @@ def timed(ctx: Ctx, fn, res: int, streamed_bytes: int | None = None, profile_h2d
           filler_bytes: int = 0) -> dict:
     """Time ``fn(*inputs)``; the row's figures (see module doc)."""
     inp = inputs(ctx, res)
-    with measure.DevicePeak(ctx.device) as dp:
+    with measure.DevicePeak(ctx.device, base=ctx.cache.pop("dev_base", None)) as dp:
         s, out, peak = measure.time_forward(fn, inp, ctx.device, ctx.iters)
     h2d = None
     if profile_h2d:
@@ -229,6 +238,8 @@ def ring(ctx: Ctx, setting: str) -> dict:
 
 def resident(ctx: Ctx, res: int) -> dict:
     m = build(ctx)
+    measure.free(ctx.device)
+    mark_device_base(ctx)
     dm = m.diffusion_model.to(ctx.device)
     w = bm.param_bytes(dm)
     row = timed(ctx, dm, res, streamed_bytes=0)
@@ -262,12 +273,13 @@ def mk_offload_cap(ctx: Ctx, res: int, fp8: bool = False, scheduler: str = "memo
     n, info = ci.prepare_group_offload(p, ci.GroupOffloadSettings(options=opts))
     _load(n, ctx, res)
     state = ci.group_offload_state_info(n.model) or {}
-    row = timed(ctx, n.model.diffusion_model, res, state.get("h2d_bytes_per_forward"), profile_h2d=True,
+    fig = state.get("figures") or {}
+    row = timed(ctx, n.model.diffusion_model, res, fig.get("h2d_bytes_per_forward"), profile_h2d=True,
                 filler_bytes=cap.get("filler_bytes", 0))
     keep = ("scheduler", "resident_bytes", "streamed_bytes", "buffer_bytes", "footprint_bytes", "pinned_host_bytes",
-            "groups", "budget_bytes")
-    return {**row, **cap, **extra, "node_status": info.get("status"),
-            "offload": {k: state.get(k) for k in keep if k in state}}
+            "groups", "budget_bytes", "ring_bytes", "h2d_bytes_per_forward", "copied_bytes_last_forward")
+    return {**row, **cap, **extra, "node_status": info.get("status"), "offload_applied": bool(state),
+            "offload": {k: fig.get(k) for k in keep if k in fig}}
 
 
 def device_map_cuda0_cpu(ctx: Ctx, res: int) -> dict:
@@ -279,6 +291,7 @@ def device_map_cuda0_cpu(ctx: Ctx, res: int) -> dict:
     else:
         mm_text = f"cpu={4 * w}"
     n, rep, _ = ci.device_map_model(p, "sequential", mm_text)
+    mark_device_base(ctx)
     _load(n, ctx, res)
     per_dev = rep["bytes_per_device"]
     streamed = sum(v for k, v in per_dev.items() if not str(k).startswith(("cuda", "0")))
@@ -289,6 +302,7 @@ def device_map_cuda0_cpu(ctx: Ctx, res: int) -> dict:
 def comfy_fp8_resident(ctx: Ctx, res: int) -> dict:
     m = build(ctx, weight_dtype=torch.float8_e4m3fn, manual_cast=ctx.dtype)
     p = _patcher(ctx, m)
+    mark_device_base(ctx)
     p.load(ctx.device, full_load=True)
     row = timed(ctx, m.diffusion_model, res, 0)
     row["weights_bytes"] = bm.param_bytes(m.diffusion_model)
@@ -299,6 +313,7 @@ def comfy_fp8_resident(ctx: Ctx, res: int) -> dict:
 def mk_fp8_resident(ctx: Ctx, res: int) -> dict:
     ci = _ci()
     n, info = ci.fp8_layerwise_cast(_patcher(ctx, build(ctx)))
+    mark_device_base(ctx)
     _load(n, ctx, res)
     row = timed(ctx, n.model.diffusion_model, res, 0)
     row.update({"weights_bytes": info.get("weight_bytes_after"), "cast_layers": info.get("cast_layers"),
@@ -313,6 +328,7 @@ def diffusers_block_stream(ctx: Ctx, res: int) -> dict:
     from diffusers.hooks import apply_group_offloading
     dm = build(ctx).diffusion_model
     gpu = ctx.device.type == "cuda"
+    mark_device_base(ctx)
     apply_group_offloading(dm, onload_device=ctx.device, offload_device=torch.device("cpu"),
                            offload_type="block_level", num_blocks_per_group=1, use_stream=gpu)
     return timed(ctx, dm, res, bm.param_bytes(dm), profile_h2d=True)
