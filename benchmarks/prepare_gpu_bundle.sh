@@ -65,8 +65,25 @@ find "$T/comfy/text_encoders" "$T/comfy/sd1_tokenizer" -type f ! -name '*.py' -d
 mv "$T" "$REQ_DIR/comfyui-0.33"
 tar -czf "$B/comfyui.tar.gz" -C "$REQ_DIR" comfyui-0.33
 for f in "$ROOT/../shared/bench/anchor_flux.py" /work/shared/bench/anchor_flux.py; do
-  if [ -f "$f" ]; then cp "$f" "$B/anchor_flux.py"; break; fi
+  if [ -f "$f" ]; then cp "$f" "$B/anchor_flux.py"; chmod u+w "$B/anchor_flux.py"; break; fi
 done
+# The anchor was written for 0.3.75: ComfyUI 0.33's FluxParams requires txt_ids_dims ([] for Flux.1).
+if [ -f "$B/anchor_flux.py" ]; then
+  "$PY" - "$B/anchor_flux.py" <<'PYEOF'
+import sys
+p = sys.argv[1]
+s = open(p).read()
+old = '"guidance_embed": True}\n    return c\n'
+new = ('"guidance_embed": True}\n    import dataclasses, comfy.ldm.flux.model as _fm  # 0.33: txt_ids_dims required\n'
+       '    if "txt_ids_dims" in {f.name for f in dataclasses.fields(_fm.FluxParams)}:\n'
+       '        c["txt_ids_dims"] = []\n    return c\n')
+if old in s:
+    open(p, "w").write(s.replace(old, new, 1))
+    print("anchor_flux.py: txt_ids_dims patch applied")
+else:
+    print("anchor_flux.py: unet_cfg not as expected, left unpatched")
+PYEOF
+fi
 ls -la "$B" "$B/wheels"
 size=$(du -sb "$B" | cut -f1)
 echo "gpu_bundle: $(( size / 1048576 )) MiB (limit $LIMIT_MIB MiB)"
