@@ -487,9 +487,10 @@ def run_case(ctx: Ctx, name: str) -> dict:
     main, big = ctx.res["main"], ctx.res["big"]
     if name == "env":
         return env(ctx)
-    if "bw" not in ctx.cache:
+    if "bw" not in ctx.cache:  # measured by the env case: this run's scratch, else an earlier run's row
         f = ctx.scratch / "bw.txt"
-        ctx.cache["bw"] = float(f.read_text()) if f.is_file() and f.read_text().strip() else None
+        ctx.cache["bw"] = (float(f.read_text()) if f.is_file() and f.read_text().strip()
+                           else (ctx.earlier_row("env") or {}).get("h2d_pinned_bytes_per_s"))
     if name.startswith("ring_"):
         return ring(ctx, name[len("ring_"):])
     res = big if name.endswith("_2048") else main
