@@ -29,6 +29,10 @@ if [ -z "$PY" ]; then
   if [ "$DEVICE" = cpu ] && [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"; else PY=python3; fi
 fi
 B="$ROOT/gpu_bundle"
+if [ "$DEVICE" != cpu ] && [ ! -d "$B" ] && [ -z "${COMFYUI_PATH:-}" ]; then
+  echo "[runbook.sh] no gpu_bundle/ here: run benchmarks/prepare_gpu_bundle.sh and pass carry=[\"gpu_bundle\"]" >&2
+  return 2
+fi
 if { [ "$DEVICE" != cpu ] || [ "${USE_BUNDLE:-0}" = 1 ]; } && [ -d "$B" ]; then
   # Wheels the machine lacks, unpacked (no pip, no network), and the ComfyUI 0.33 tree.
   SITE="${TMPDIR:-/tmp}/mk-site"; rm -rf "$SITE"; mkdir -p "$SITE"
