@@ -9,6 +9,12 @@ MemoryKit's ring and diffusers' hooks): the output of two forwards equals the re
 model's bit for bit, the page-locked host bytes are ≤ 1.1 × the streamed weights, and after
 removal no page-locked bytes, no onload-device bytes and no hooks are left. Prints one JSON
 line per setting and exits 1 when a check fails.
+
+On CUDA the compute stream is stalled (``torch.cuda._sleep``) before and after every block,
+i.e. between the copies into the ring and the reads of them: a missing event wait (a slot
+overwritten while still read, or read before its copy landed) then changes the output, which
+the bit-exact comparison catches. Leftover device memory is measured after the outputs are
+freed (they are not the offload's).
 """
 from __future__ import annotations
 
@@ -31,6 +37,25 @@ SETTINGS = [  # (offload_type, num_blocks_per_group, use_stream, low_cpu_mem_usa
     ("block_level", 1, True, True, "memorykit"), ("block_level", 1, True, False, "diffusers"),
     ("block_level", 1, True, True, "diffusers"),
 ]
+# The runbook's case names for SETTINGS (benchmarks.rb_plan.RING_SETTINGS), same order.
+SETTING_NAMES = ["block1_stream", "block2_stream", "leaf_stream", "block1_nostream", "block1_stream_lowmem",
+                 "block1_stream_diffusers", "block1_stream_lowmem_diffusers"]
+STALL_CYCLES = 2_000_000  # about 1 ms on an H200 per stall
+
+
+def _add_stalls(dm, device) -> list:
+    """Forward pre/post hooks that stall the current (compute) stream around every block."""
+    if device.type != "cuda":
+        return []
+    from memorykit_tech.comfy_integration.offload_patcher import comfy_block_lists
+
+    def stall(*_args):
+        torch.cuda._sleep(STALL_CYCLES)
+    handles = []
+    for _name, blocks in comfy_block_lists(dm):
+        for _bn, block in blocks:
+            handles += [block.register_forward_pre_hook(stall), block.register_forward_hook(stall)]
+    return handles
 
 
 def check(dm, ref, inp, device, setting) -> dict:
@@ -43,14 +68,21 @@ def check(dm, ref, inp, device, setting) -> dict:
                                             scheduler=scheduler)
     base = torch.cuda.memory_allocated(device) if gpu else 0
     h = offload.apply_group_offload(dm, device, "cpu", options=opts, block_lists=comfy_block_lists(dm))
+    stalls = _add_stalls(dm, device)
     try:
         with torch.no_grad():
-            outs = [dm(*inp) for _ in range(2)]
+            outs = [dm(*inp).cpu() for _ in range(2)]
         fig = offload.offload_figures(h)
     finally:
+        for s_ in stalls:
+            s_.remove()
         offload.remove_group_offload(h)
+    exact = all(torch.equal(o, ref) for o in outs)
+    del outs
     if gpu:
         torch.cuda.synchronize(device)
+        import gc
+        gc.collect()
     left_hooks = sum(bool(m._forward_pre_hooks or m._forward_hooks or "_diffusers_hook" in m.__dict__)
                      for m in dm.modules())
     ts = list(dm.parameters()) + list(dm.buffers())
@@ -59,7 +91,7 @@ def check(dm, ref, inp, device, setting) -> dict:
     streamed = fig["streamed_bytes"]
     r = {"setting": dict(zip(("offload_type", "num_blocks_per_group", "use_stream", "low_cpu_mem_usage",
                               "scheduler"), setting)),
-         "exact": all(torch.equal(o.cpu(), ref) for o in outs), "groups": fig["groups"],
+         "exact": exact, "stalled": bool(stalls), "groups": fig["groups"],
          "streamed_bytes": streamed, "pinned_host_bytes": fig["pinned_host_bytes"],
          "pinned_to_streamed": round(fig["pinned_host_bytes"] / streamed, 4) if streamed else None,
          "footprint_bytes": fig["footprint_bytes"], "hooks_left": left_hooks, "pinned_left_bytes": pinned_after,
@@ -69,6 +101,28 @@ def check(dm, ref, inp, device, setting) -> dict:
     r["ok"] = bool(r["exact"] and pinned_ok and not left_hooks and not pinned_after and on_device_after <= 0
                    and r["all_on_cpu_after"])
     return r
+
+
+def prepare(device: torch.device, depth: int, single: int, res: int, tiny: bool = False):
+    """The model (on the CPU), its resident output (CPU) and the inputs (on ``device``)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dm = bm.build(depth, single, dtype, device, tiny=tiny).diffusion_model
+    inp = bm.inputs(res, dtype, device, tiny=tiny)
+    dm.to(device)
+    with torch.no_grad():
+        ref = dm(*inp).cpu()
+    dm.to("cpu")
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return dm, ref, inp
+
+
+def run_setting(dm, ref, inp, device, name: str) -> dict:
+    """One setting by its runbook name; ``{"not_on_cpu": True}`` for a pinning-only setting on a CPU."""
+    setting = SETTINGS[SETTING_NAMES.index(name)]
+    if setting[3] and device.type != "cuda":
+        return {"setting": name, "not_on_cpu": True}
+    return check(dm, ref, inp, device, setting)
 
 
 def main(argv=None) -> int:
@@ -81,13 +135,7 @@ def main(argv=None) -> int:
     comfy_env.setup_comfy()
     paths.technique_package()
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    dm = bm.build(args.depth, args.single, dtype, device).diffusion_model
-    inp = bm.inputs(args.res, dtype, device)
-    dm.to(device)
-    with torch.no_grad():
-        ref = dm(*inp).cpu()
-    dm.to("cpu")
+    dm, ref, inp = prepare(device, args.depth, args.single, args.res)
     ok = True
     for setting in SETTINGS:
         if setting[3] and device.type != "cuda":

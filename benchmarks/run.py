@@ -6,7 +6,9 @@
 Per case and resolution: seconds per forward, ratio to resident, the transfer floor
 max(resident compute time, streamed bytes / measured pinned H2D bandwidth) and the ratio to
 it, peak VRAM, pinned host bytes, process RSS, relative L2 error of the output vs resident.
-Writes JSON (``--out``), prints a table, and draws a PNG (peak VRAM or RSS vs s/forward).
+Prints one JSON line per row as it goes and rewrites the JSON file (``--out``) atomically after
+each; a case that fails is an ``error`` row and the run goes on. At the end: a table and a PNG
+(peak VRAM or RSS vs s/forward). The GPU runbook (``benchmarks/gpu_runbook.sh``) is separate.
 """
 from __future__ import annotations
 
@@ -41,7 +43,33 @@ def tolerance(name: str) -> float | None:
     return None
 
 
-def run(args) -> dict:
+def measure_one(case, prep, res, args, dtype, device, bw, refs, resident_s) -> dict:
+    """One case at one resolution: the row of figures (see the module doc)."""
+    inp = bm.inputs(res, dtype, device)
+    s, out, peak = measure.time_forward(prep.fn, inp, device, args.iters)
+    if case.name == "resident":
+        refs[res], resident_s[res] = out.cpu(), s
+    floor = max(resident_s.get(res, s), prep.streamed_bytes / bw if bw else 0.0)
+    err = measure.rel_l2(out, refs[res]) if res in refs else None
+    tol = tolerance(case.name)
+    return {
+        "case": case.name, "group": case.group, "res": res, "s_per_forward": round(s, 4),
+        "ratio_to_resident": round(s / resident_s[res], 3) if res in resident_s else None,
+        "floor_s": round(floor, 4), "ratio_to_floor": round(s / floor, 3),
+        "streamed_bytes": prep.streamed_bytes, "peak_vram_bytes": peak,
+        "pinned_host_bytes": measure.pinned_host_bytes() if device.type == "cuda" else None,
+        "rss_bytes": measure.rss_bytes(), "rel_err_vs_resident": err, "tolerance": tol,
+        "within_tolerance": None if err is None or tol is None else err <= tol, **prep.extra}
+
+
+def report(row: dict, out_path, meta: dict, results: list) -> None:
+    """Print ``row`` as one JSON line (flushed) and rewrite the results file atomically."""
+    print(json.dumps(row, default=str), flush=True)
+    if out_path is not None:
+        measure.write_json_atomic(out_path, {"meta": meta, "results": results})
+
+
+def run(args, out_path=None) -> dict:
     device = torch.device(args.device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     comfy_env.setup_comfy()
@@ -61,31 +89,23 @@ def run(args) -> dict:
                 continue
             if case.gpu_only and device.type != "cuda":
                 results.append({"case": case.name, "group": case.group, "skipped": case.gpu_only})
+                report(results[-1], out_path, meta, results)
                 continue
             print(f"[bench] {case.name} ...", file=sys.stderr, flush=True)
             try:
                 prep = case.prepare(ctx)
             except Exception as e:  # a case that cannot be set up is reported, not fatal
                 results.append({"case": case.name, "group": case.group, "error": f"{type(e).__name__}: {e}"})
+                report(results[-1], out_path, meta, results)
                 continue
             try:
                 for res in args.res:
-                    inp = bm.inputs(res, dtype, device)
-                    s, out, peak = measure.time_forward(prep.fn, inp, device, args.iters)
-                    if case.name == "resident":
-                        refs[res], resident_s[res] = out.cpu(), s
-                    floor = max(resident_s.get(res, s), prep.streamed_bytes / bw if bw else 0.0)
-                    err = measure.rel_l2(out, refs[res]) if res in refs else None
-                    tol = tolerance(case.name)
-                    results.append({
-                        "case": case.name, "group": case.group, "res": res, "s_per_forward": round(s, 4),
-                        "ratio_to_resident": round(s / resident_s[res], 3) if res in resident_s else None,
-                        "floor_s": round(floor, 4), "ratio_to_floor": round(s / floor, 3),
-                        "streamed_bytes": prep.streamed_bytes, "peak_vram_bytes": peak,
-                        "pinned_host_bytes": measure.pinned_host_bytes() if device.type == "cuda" else None,
-                        "rss_bytes": measure.rss_bytes(), "rel_err_vs_resident": err, "tolerance": tol,
-                        "within_tolerance": None if err is None or tol is None else err <= tol, **prep.extra})
-                    del out
+                    try:
+                        results.append(measure_one(case, prep, res, args, dtype, device, bw, refs, resident_s))
+                    except Exception as e:  # one failing forward (OOM, a missing kernel) is a row, not the end
+                        results.append({"case": case.name, "group": case.group, "res": res,
+                                        "error": f"{type(e).__name__}: {e}"})
+                    report(results[-1], out_path, meta, results)
             finally:
                 prep.cleanup()
                 del prep
@@ -127,10 +147,10 @@ def main(argv=None) -> int:
         args.depth, args.single, args.res, args.iters = 1, 1, [256], 1
     if args.dtype is None:
         args.dtype = "bf16" if args.device.startswith("cuda") else "fp32"
-    data = run(args)
     out = Path(args.out or REPO / "benchmarks" / "results" / f"latest_{'gpu' if args.device.startswith('cuda') else 'cpu'}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1))
+    data = run(args, out)
+    measure.write_json_atomic(out, data)
     print_table(data)
     from .plot import plot
     png = Path(args.plot) if args.plot else out.with_suffix(".png")

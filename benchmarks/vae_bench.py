@@ -25,9 +25,16 @@ sys.path.insert(0, str(REPO / "tests"))
 from harness import comfy_env, models, paths  # noqa: E402
 
 
-def build_vae(device: torch.device):
-    """ComfyUI VAE object around an SD-KL AutoencoderKL with random weights (std 0.02)."""
+def build_vae(device: torch.device, tiny: bool = False):
+    """ComfyUI VAE object around an SD-KL AutoencoderKL with random weights (std 0.02); ``tiny``:
+    a Wan 2.1 VAE with dim 16 (3.6 M params, the runbook's CPU dry run: an SD VAE decoder takes
+    minutes there)."""
     import comfy.sd
+    if tiny:
+        from comfy.ldm.wan.vae import WanVAE
+        m = WanVAE(dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                   temperal_downsample=[False, True, True], dropout=0.0)
+        return comfy.sd.VAE(sd=models.randomize_(m, models.SEED + 4).state_dict())
     from comfy.ldm.models.autoencoder import AutoencoderKL
     ddconfig = {"double_z": True, "z_channels": 4, "resolution": 256, "in_channels": 3, "out_ch": 3,
                 "ch": 128, "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0}
@@ -35,17 +42,43 @@ def build_vae(device: torch.device):
     return comfy.sd.VAE(sd=ae.state_dict())
 
 
+def decoders(vae, res: int, tile: int, overlap: int, budget_gb: float = 0.0) -> dict:
+    """name → zero-argument decode of one ``res``² image's latent: untiled, core tiled, ours."""
+    tio = importlib.import_module("memorykit_tech.comfy_integration.tiled_vae_io")
+    g = torch.Generator().manual_seed(0)
+    if getattr(vae, "latent_dim", 2) == 3:  # video VAE (the dry run's Wan VAE): 1 latent frame
+        lat = torch.randn(1, vae.latent_channels, 1, res // 8, res // 8, generator=g)
+    else:
+        lat = torch.randn(1, 4, res // 8, res // 8, generator=g)
+    t, o = tile // 8, overlap // 8
+    opts = tio.TiledVAEOptions(tile_px=tile, overlap_px=overlap, memory_budget_gb=budget_gb)
+    return {"untiled": lambda: vae.decode(lat),
+            f"core_tiled_{tile}_{overlap}": lambda: vae.decode_tiled(lat, tile_x=t, tile_y=t, overlap=o),
+            f"memorykit_tiled_{tile}_{overlap}": lambda: tio.tiled_vae_decode(vae, lat, opts)[0]}
+
+
 def timed(fn, device, iters):
+    """Seconds per call of ``fn`` (after one warm-up call), its output (fp32, CPU) and the peak
+    allocated VRAM; under ``torch.inference_mode`` as ComfyUI runs nodes (no autograd state)."""
+    with torch.inference_mode():
+        return _timed(fn, device, iters)
+
+
+def _timed(fn, device, iters):
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    out = fn()
     t0 = time.perf_counter()
-    for _ in range(iters):
-        out = fn()
+    out = fn()  # warm-up; timed itself when iters is 0 (the dry run)
+    if iters:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            out = fn()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / iters
+    dt = (time.perf_counter() - t0) / max(1, iters)
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
     return dt, out.float().cpu(), peak
 
@@ -61,21 +94,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     comfy_env.setup_comfy()
     paths.technique_package()
-    tio = importlib.import_module("memorykit_tech.comfy_integration.tiled_vae_io")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     vae = build_vae(device)
-    lat = torch.randn(1, 4, args.res // 8, args.res // 8, generator=torch.Generator().manual_seed(0))
-    t, o = args.tile // 8, args.overlap // 8
-    opts = tio.TiledVAEOptions(tile_px=args.tile, overlap_px=args.overlap, memory_budget_gb=args.budget_gb)
-    cases = [("untiled", lambda: vae.decode(lat)),
-             (f"core_tiled_{args.tile}_{args.overlap}", lambda: vae.decode_tiled(lat, tile_x=t, tile_y=t, overlap=o)),
-             (f"memorykit_tiled_{args.tile}_{args.overlap}", lambda: tio.tiled_vae_decode(vae, lat, opts)[0])]
+    cases = list(decoders(vae, args.res, args.tile, args.overlap, args.budget_gb).items())
     rows, ref, t_ref = [], None, None
     for name, fn in cases:
         dt, out, peak = timed(fn, device, args.iters)
         if ref is None:
             ref, t_ref = out, dt
-        err = float((out - ref).norm() / ref.norm())
+        err = float((out.reshape(ref.shape) - ref).norm() / ref.norm())
         rows.append({"case": name, "res": args.res, "s_per_decode": round(dt, 4), "ratio_to_untiled": round(dt / t_ref, 3),
                      "peak_vram_bytes": peak, "rel_err_vs_untiled": round(err, 5)})
         print(json.dumps(rows[-1]), flush=True)
