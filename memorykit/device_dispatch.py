@@ -6,7 +6,9 @@ weights placed or offloaded, inputs moved to each submodule's execution device, 
 root returned to the device its input came from). The returned :class:`DispatchedModel`
 undoes it: ``remove_hook_from_module(recurse=True)``, then every parameter and buffer is put
 back on the device it had before (accelerate's removal only restores offloaded tensors), the
-``hf_device_map`` attribute is dropped and the offload folder is deleted.
+``forward`` attributes accelerate's removal leaves on each hooked module are dropped (so a
+module copied from it later runs its own class's forward), the ``hf_device_map`` attribute is
+dropped and the offload folder is deleted.
 """
 from __future__ import annotations
 
@@ -52,27 +54,30 @@ class DispatchedModel:
 
     Attributes: ``module``, ``device_map`` (module order, accelerate devices), ``main_device``,
     ``offload_dir`` (the folder made for ``disk`` entries, or None), ``original_devices``
-    (tensor name → ``torch.device`` before dispatch). :meth:`remove` undoes the dispatch; it is
-    idempotent.
+    (tensor name → ``torch.device`` before dispatch), ``own_forwards`` (names of the submodules
+    that had a ``forward`` instance attribute before dispatch). :meth:`remove` undoes the
+    dispatch; it is idempotent.
     """
 
     def __init__(self, module: torch.nn.Module, device_map: dict, main_device: Device,
-                 offload_dir: str | None, original_devices: dict):
+                 offload_dir: str | None, original_devices: dict, own_forwards: frozenset = frozenset()):
         self.module = module
         self.device_map = dict(device_map)
         self.main_device = main_device
         self.offload_dir = offload_dir
         self.original_devices = original_devices
+        self.own_forwards = own_forwards
         self.active = True
 
     def remove(self) -> None:
         """Remove every hook, put each parameter/buffer back on its original device with its
-        exact values (offloaded ones are read back from RAM or the offload files), drop
-        ``hf_device_map`` and delete the offload folder. Safe to call twice."""
+        exact values (offloaded ones are read back from RAM or the offload files), drop the
+        ``forward`` attributes the hooks left and ``hf_device_map``, and delete the offload
+        folder. Safe to call twice."""
         if not self.active:
             return
         try:
-            _restore(self.module, self.original_devices)
+            _restore(self.module, self.original_devices, self.own_forwards)
         finally:
             self.active = False
             if self.offload_dir:
@@ -83,10 +88,19 @@ class DispatchedModel:
                 f"{len(self.device_map)} entries, active={self.active})")
 
 
-def _restore(module: torch.nn.Module, original_devices: dict) -> None:
+def _instance_forwards(module: torch.nn.Module) -> frozenset:
+    return frozenset(n for n, m in module.named_modules() if "forward" in m.__dict__)
+
+
+def _restore(module: torch.nn.Module, original_devices: dict, own_forwards: frozenset) -> None:
     remove_hook_from_module(module, recurse=True)
     if "hf_device_map" in module.__dict__:
         del module.__dict__["hf_device_map"]
+    for name, m in module.named_modules():
+        # accelerate's removal sets `m.forward = m._old_forward`: an instance attribute bound to m,
+        # which anything copying m's __dict__ (a new layer built from it) would call instead of its own.
+        if name not in own_forwards:
+            m.__dict__.pop("forward", None)
     for name, t in list(_named_tensors(module)):
         want = original_devices.get(name)
         if t.device.type == "meta":
@@ -134,6 +148,7 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
     check_devices_present(device_map)
     main = default_main_device(device_map) if main_device is None else main_device
     original = {n: t.device for n, t in _named_tensors(module)}
+    own_forwards = _instance_forwards(module)
     offload_dir = None
     if "disk" in device_map.values():
         parent = offload_folder or tempfile.gettempdir()
@@ -147,7 +162,7 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
                        skip_keys=skip_keys, force_hooks=True)
     except BaseException as e:
         try:
-            _restore(module, original)
+            _restore(module, original, own_forwards)
         finally:
             if offload_dir:
                 leftovers.remove_folder(offload_dir)
@@ -156,4 +171,4 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
             raise RuntimeError(f"out of memory while placing the device map on {', '.join(sorted(on))}: lower "
                                f"max_memory for those devices (or free memory) and run again. ({e})") from None
         raise
-    return DispatchedModel(module, device_map, main, offload_dir, original)
+    return DispatchedModel(module, device_map, main, offload_dir, original, own_forwards)

@@ -58,6 +58,9 @@ def assert_restored(module, snap: dict):
         assert now[n][0] == dev and now[n][1] == dt, n
         assert torch.equal(now[n][2], val), n
     assert not any(hasattr(m, "_hf_hook") or hasattr(m, "_old_forward") for m in module.modules())
+    # accelerate's hook removal leaves `forward` bound to each hooked module; a layer built from
+    # one (FP8 Layerwise Cast copies its attributes) would then run the original (issue 14, item 7)
+    assert not [n for n, m in module.named_modules() if "forward" in m.__dict__]
     assert "hf_device_map" not in module.__dict__ and "to" not in module.__dict__
 
 

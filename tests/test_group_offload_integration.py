@@ -35,7 +35,7 @@ def wan(comfy, fixture_models, tmp_path):
 
 def _state(patcher):
     from comfyui_memorykit.memorykit import comfy_integration as ci
-    return patcher.model.__dict__.get(ci.offload_patcher._STATE_ATTR)
+    return ci.offload_patcher._offload_state(patcher.model)
 
 
 def _assert_undone(plain, folder, fixture_models, unloaded=True):

@@ -7,17 +7,18 @@ its lowvram casting) — for a model split across GPUs that is the out-of-memory
 Overriding load/partially_load/partially_unload/unpatch_model/detach on a per-model subclass
 (the mechanism city96/ComfyUI-GGUF uses) lets ComfyUI patch the weights (LoRA) on the offload
 device and then hands placement to accelerate. The subclass is made over the input's own
-class, for the clone only: nothing of ComfyUI is replaced globally.
+class, for the clone only: nothing of ComfyUI is replaced globally. Reuse between queues,
+ownership and hand-over follow :mod:`.placement`, the rule shared with Group Offload.
 """
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 
 import torch
 
 from .. import device_map as dmap
 from ..device_dispatch import dispatch_device_map
+from . import placement
 from .common import loaded_models
 from .compat import opt_out_of_dynamic_vram
 
@@ -40,19 +41,25 @@ class DeviceMapPlan:
     offload_folder: str
 
 
-@dataclass
-class _AppliedDeviceMap:
-    handle: object          # device_dispatch.DispatchedModel
-    plan: DeviceMapPlan
-    owner_token: str        # _mk_device_map_owner of the ModelPatcher that applied it
-    patches_uuid: object
+class _AppliedDeviceMap(placement.Placement):
+    """The dispatched map (a :class:`placement.Placement`, keyed on plan, patch uuid, device)."""
 
+    def __init__(self, handle, plan: DeviceMapPlan, patches_uuid, device, offload_device):
+        super().__init__((plan, patches_uuid, device))
+        self.handle = handle    # device_dispatch.DispatchedModel
+        self.plan = plan
+        self.offload_device = offload_device
 
-_APPLIED_ATTR = "memorykit_device_map_applied"
+    def undo(self, base_model) -> None:
+        """Hooks removed, every weight back where it was (``DispatchedModel.remove``), counters reset."""
+        self.handle.remove()
+        base_model.model_loaded_weight_memory = 0
+        base_model.device = self.offload_device
 
 
 def _applied(base_model) -> _AppliedDeviceMap | None:
-    return base_model.__dict__.get(_APPLIED_ATTR)
+    p = placement.applied(base_model)
+    return p if isinstance(p, _AppliedDeviceMap) else None
 
 
 def device_map_applied(base_model) -> bool:
@@ -60,15 +67,8 @@ def device_map_applied(base_model) -> bool:
     return _applied(base_model) is not None
 
 
-def _remove_applied_device_map(base_model, offload_device) -> bool:
-    """Undo a device map applied to ``base_model.diffusion_model`` (by any patcher); True if one was."""
-    st = base_model.__dict__.pop(_APPLIED_ATTR, None)
-    if st is None:
-        return False
-    st.handle.remove()
-    base_model.model_loaded_weight_memory = 0
-    base_model.device = offload_device
-    return True
+def _device(device):
+    return torch.device(device) if device is not None else None
 
 
 def _map_device_of(device) -> object:
@@ -82,22 +82,18 @@ class _DeviceMapPatcherMixin:
     def _device_map_plan(self) -> DeviceMapPlan | None:
         return self.get_attachment(DEVICE_MAP_ATTACHMENT)
 
-    def _owns_device_map(self) -> bool:
-        st = _applied(self.model)
-        return st is not None and st.owner_token == self.__dict__.get("_mk_device_map_owner")
-
     def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
         plan = self._device_map_plan()
         if plan is None:
             return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
-        _remove_applied_device_map(self.model, self.offload_device)
+        placement.remove(self.model)
         # ComfyUI's own full load onto the offload device: applies weight patches (LoRA), no
         # lowvram casting, weights stay in RAM; accelerate then places them.
         super().load(self.offload_device, 0, force_patch_weights, True)
         handle = dispatch_device_map(self.model.diffusion_model, plan.device_map, plan.offload_folder, plan.main_device,
                            skip_keys=_DEVICE_MAP_SKIP_KEYS)
-        token = self.__dict__.setdefault("_mk_device_map_owner", uuid.uuid4().hex)
-        self.model.__dict__[_APPLIED_ATTR] = _AppliedDeviceMap(handle, plan, token, self.patches_uuid)
+        placement.install(self, _AppliedDeviceMap(handle, plan, self.patches_uuid, _device(device_to),
+                                                  self.offload_device))
         on_load_device = dmap.bytes_per_device(self.model.diffusion_model, plan.device_map).get(
             dmap.device_name(_map_device_of(device_to)), 0)
         self.model.device = device_to
@@ -109,10 +105,9 @@ class _DeviceMapPatcherMixin:
         plan = self._device_map_plan()
         if plan is None:
             return super().partially_load(device_to, extra_memory, force_patch_weights)
-        st = _applied(self.model)
-        if (st is not None and self._owns_device_map() and st.plan is plan and not force_patch_weights
-                and st.patches_uuid == self.patches_uuid):
-            return 0  # already placed by this patcher
+        key = (plan, self.patches_uuid, _device(device_to))
+        if not force_patch_weights and placement.reuse(self, key, _AppliedDeviceMap):
+            return 0
         with self.use_ejected(skip_and_inject_on_exit_only=True):
             # Start from ComfyUI's unloaded state whatever was there (the plain model, another map).
             self.unpatch_model(self.offload_device, unpatch_weights=True)
@@ -125,22 +120,27 @@ class _DeviceMapPatcherMixin:
         return self.model.model_loaded_weight_memory
 
     def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
-        if _applied(self.model) is not None:
+        if placement.applied(self.model) is not None:
             return 0  # a device map is removed whole (detach), never in part
         return super().partially_unload(device_to, memory_to_free, force_patch_weights)
 
     def unpatch_model(self, device_to=None, unpatch_weights=True):
         if unpatch_weights:
-            _remove_applied_device_map(self.model, self.offload_device)
+            placement.remove(self.model)
         return super().unpatch_model(device_to, unpatch_weights)
 
+    def is_clone(self, other):
+        # load_models_gpu is about to load this patcher and detach `other` with unpatch_all=False:
+        # this patcher's partially_load reuses or replaces the placement, so that detach may keep it.
+        same = super().is_clone(other)
+        if same:
+            placement.mark_handover(self, other)
+        return same
+
     def detach(self, unpatch_all=True):
-        if self._owns_device_map():
-            # "reset device map": weights back where they were, then ComfyUI's full unpatch so
-            # its bookkeeping (patched weights, loaded size) matches.
-            _remove_applied_device_map(self.model, self.offload_device)
-            unpatch_all = True
-        return super().detach(unpatch_all)
+        # The owner's full detach: the map removed (weights back where they were), then ComfyUI's
+        # full unpatch so its bookkeeping (patched weights, loaded size) matches.
+        return super().detach(placement.detach_unpatch_all(self, unpatch_all))
 
 
 _DEVICE_MAP_CLASSES: dict = {}

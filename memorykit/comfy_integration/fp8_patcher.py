@@ -18,6 +18,7 @@ from typing import ClassVar
 import torch
 
 from .. import fp8
+from . import placement
 from .compat import apply_weight_patch
 
 FP8_ATTACHMENT = "memorykit_fp8"
@@ -257,6 +258,7 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
             raise ValueError("fp8_matmul needs storage_dtype float8_e4m3fn (float8 GEMMs take e4m3 weights).")
         fp8.check_fp8_matmul(device)
 
+    placement.release(model.model)  # a loaded Group Offload / device map holds placeholders: read real weights
     n = model.clone()
     dm = n.model.diffusion_model
     family = fp8.detect_family(dm)

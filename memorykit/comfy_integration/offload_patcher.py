@@ -6,7 +6,8 @@ attachment. When ComfyUI loads it (``load_models_gpu`` → ``partially_load``) t
 applied: LoRA patches are computed on the load device as ComfyUI does, the weights go back to
 the offload device, and :mod:`memorykit.offload` streams the diffusion model's blocks.
 ``unpatch_model``/``detach`` (unload, or another clone of the same weights being loaded) undo it
-exactly. ``loaded_size()`` reports the real footprint (resident weights + streaming buffers).
+exactly. Reuse, ownership and hand-over follow :mod:`.placement`, the rule shared with Balanced
+Device Map. ``loaded_size()`` reports the real footprint (resident weights + streaming buffers).
 An OUTER_SAMPLE wrapper removes the offload after an error or interrupt and reports each run
 to the node.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import weakref
 
 import torch
 
@@ -25,12 +25,12 @@ import comfy.patcher_extension as pe
 import comfy.utils
 
 from .. import offload, offload_plan, report
+from . import placement
 from .common import loaded_models, weight_dtype_options
 from .compat import opt_out_of_dynamic_vram, patcher_free_memory
 
 _log = logging.getLogger("MemoryKit")
 GROUP_OFFLOAD_KEY = "memorykit_group_offload"
-_STATE_ATTR = "_memorykit_group_offload_state"
 _STORE = torch.device("cpu")  # where offloaded weights wait (ComfyUI's offload device is the GPU with --highvram)
 
 
@@ -46,16 +46,35 @@ class GroupOffloadSettings:
     node_id: str | None = None
 
 
-class _OffloadState:
-    """Lives on the BaseModel while the offload is applied (shared by all clones of it)."""
+class _OffloadState(placement.Placement):
+    """The applied offload (a :class:`placement.Placement`, keyed on settings, patch uuid, device)."""
 
     def __init__(self, handle, settings, patches_uuid, device, offload_device, backup):
+        super().__init__((settings, patches_uuid, device))
         self.handle, self.settings, self.patches_uuid = handle, settings, patches_uuid
         self.device, self.offload_device, self.backup = device, offload_device, backup
-        self.finalizer = None
         self.last_run: dict | None = None
-        self.keep_on_detach: int | None = None  # id of the patcher whose next detach(False) may keep the offload
         self.notes: list[str] = []
+
+    def undo(self, base_model) -> None:
+        """Weights back on the offload device with their unpatched values (LoRA backups restored
+        as ``ModelPatcher.unpatch_model`` does), weight functions wiped, ComfyUI's load counters reset."""
+        offload.remove_group_offload(self.handle)
+        for k, bk in list(self.backup.items()):
+            (comfy.utils.copy_to_param if bk.inplace_update else comfy.utils.set_attr_param)(base_model, k, bk.weight)
+        self.backup.clear()
+        for m in base_model.modules():
+            if hasattr(m, "comfy_cast_weights"):
+                comfy.model_patcher.wipe_lowvram_weight(m)
+            if hasattr(m, "comfy_patched_weights"):
+                del m.comfy_patched_weights
+        base_model.to(self.offload_device)
+        base_model.device = self.offload_device
+        base_model.model_loaded_weight_memory = 0
+        base_model.model_offload_buffer_memory = 0
+        base_model.model_lowvram = False
+        base_model.lowvram_patch_counter = 0
+        base_model.current_weight_patches_uuid = None
 
 
 def default_disk_folder() -> str:
@@ -85,48 +104,14 @@ def comfy_block_lists(diffusion_model: torch.nn.Module) -> offload_plan.BlockLis
     return out
 
 
-def _remove_offload_state(base_model) -> bool:
-    """Undo an applied offload on ``base_model``: weights back on the offload device with their
-    unpatched values (LoRA backups restored as ``ModelPatcher.unpatch_model`` does), weight
-    functions wiped, ComfyUI's load counters reset. Returns False when none was applied."""
-    st = base_model.__dict__.pop(_STATE_ATTR, None)
-    if st is None:
-        return False
-    if st.finalizer is not None:
-        st.finalizer.detach()
-    offload.remove_group_offload(st.handle)
-    for k, bk in list(st.backup.items()):
-        (comfy.utils.copy_to_param if bk.inplace_update else comfy.utils.set_attr_param)(base_model, k, bk.weight)
-    st.backup.clear()
-    for m in base_model.modules():
-        if hasattr(m, "comfy_cast_weights"):
-            comfy.model_patcher.wipe_lowvram_weight(m)
-        if hasattr(m, "comfy_patched_weights"):
-            del m.comfy_patched_weights
-    base_model.to(st.offload_device)
-    base_model.device = st.offload_device
-    base_model.model_loaded_weight_memory = 0
-    base_model.model_offload_buffer_memory = 0
-    base_model.model_lowvram = False
-    base_model.lowvram_patch_counter = 0
-    base_model.current_weight_patches_uuid = None
-    return True
-
-
-def _finalize_offload(base_model, state) -> None:
-    """The patcher that applied ``state`` was garbage-collected while loaded: undo it, unless
-    another clone has re-applied since."""
-    if base_model.__dict__.get(_STATE_ATTR) is state:
-        _remove_offload_state(base_model)
-
-
-def _has_offload(patcher) -> bool:
-    return _STATE_ATTR in patcher.model.__dict__
+def _offload_state(base_model) -> _OffloadState | None:
+    p = placement.applied(base_model)
+    return p if isinstance(p, _OffloadState) else None
 
 
 def group_offload_applied(base_model) -> bool:
     """True while a Group Offload is applied to ``base_model`` (a ComfyUI BaseModel)."""
-    return _STATE_ATTR in base_model.__dict__
+    return _offload_state(base_model) is not None
 
 
 class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
@@ -143,14 +128,11 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
     def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
         s = self._offload_settings(device_to, force_patch_weights)
         if s is None:
-            if _has_offload(self):
+            if placement.applied(self.model) is not None:
                 self.unpatch_model(self.offload_device, unpatch_weights=True)
             return super().partially_load(device_to, extra_memory, force_patch_weights)
-        st = self.model.__dict__.get(_STATE_ATTR)
-        if st is not None:
-            st.keep_on_detach = None
-            if st.settings is s and st.patches_uuid == self.patches_uuid and st.device == torch.device(device_to):
-                return 0
+        if placement.reuse(self, (s, self.patches_uuid, torch.device(device_to)), _OffloadState):
+            return 0
         with self.use_ejected(skip_and_inject_on_exit_only=True):
             before = self.model.model_loaded_weight_memory
             self.unpatch_model(_STORE, unpatch_weights=True)
@@ -171,33 +153,25 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
             self._apply_group_offload(torch.device(device_to), s, lowvram_model_memory or 1e32)
 
     def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
-        if _has_offload(self):
+        if placement.applied(self.model) is not None:
             return 0  # ComfyUI then unloads the model completely (LoadedModel.model_unload)
         return super().partially_unload(device_to, memory_to_free, force_patch_weights)
 
     def unpatch_model(self, device_to=None, unpatch_weights=True):
-        if _remove_offload_state(self.model):
-            unpatch_weights = True
+        if unpatch_weights:
+            placement.remove(self.model)
         return super().unpatch_model(device_to, unpatch_weights)
 
     def is_clone(self, other):
-        # load_models_gpu asks the model it is about to load whether each loaded model shares its
-        # weights, then detaches those with unpatch_all=False. When the model about to load is a
-        # GroupOffloadModelPatcher, its partially_load reuses the offload or replaces it, so that
-        # detach may keep it (no re-application between runs). Any other detach undoes it fully.
+        # load_models_gpu is about to load this patcher and detach `other` with unpatch_all=False:
+        # this patcher's partially_load reuses or replaces the placement, so that detach may keep it.
         same = super().is_clone(other)
-        st = self.model.__dict__.get(_STATE_ATTR)
-        if same and st is not None:
-            st.keep_on_detach = id(other)
+        if same:
+            placement.mark_handover(self, other)
         return same
 
     def detach(self, unpatch_all=True):
-        st = self.model.__dict__.get(_STATE_ATTR)
-        if st is not None:
-            keep = not unpatch_all and st.keep_on_detach == id(self)
-            st.keep_on_detach = None
-            unpatch_all = not keep
-        return super().detach(unpatch_all)
+        return super().detach(placement.detach_unpatch_all(self, unpatch_all))
 
     def _apply_group_offload(self, device_to, s: GroupOffloadSettings, extra_memory) -> None:
         if self.hook_patches:
@@ -246,9 +220,7 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
             notes.append(f"budget {budget / 2**30:.2f} GiB is below the minimum footprint: everything streams")
         st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup)
         st.notes += notes
-        self.model.__dict__[_STATE_ATTR] = st
-        st.finalizer = weakref.finalize(self, _finalize_offload, self.model, st)
-        st.finalizer.atexit = False  # at exit only the disk files matter; offload.py deletes those
+        placement.install(self, st)
         plan = handle.plan
         self.model.model_loaded_weight_memory = plan.footprint_bytes
         self.model.model_offload_buffer_memory = plan.buffer_bytes
@@ -344,7 +316,7 @@ def load_group_offload_model(unet_name: str, weight_dtype: str, settings: GroupO
 
 def group_offload_state_info(base_model) -> dict | None:
     """Report entry of the offload applied to ``base_model`` now (figures + last run), or None."""
-    st = base_model.__dict__.get(_STATE_ATTR)
+    st = _offload_state(base_model)
     if st is None:
         return None
     return {"status": "applied", "options": _options_info(st.settings),
@@ -368,7 +340,7 @@ def _group_offload_outer_sample(executor, *args, **kwargs):
     dev = torch.device(patcher.load_device)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    st0 = patcher.model.__dict__.get(_STATE_ATTR)
+    st0 = _offload_state(patcher.model)
     f0 = st0.handle.forwards if st0 is not None else 0
     c0 = st0.handle.ring.copied_bytes if st0 is not None and st0.handle.ring is not None else 0
     t0 = time.perf_counter()
@@ -380,7 +352,7 @@ def _group_offload_outer_sample(executor, *args, **kwargs):
         except Exception:  # keep the original error
             _log.exception("Group Offload: undoing the offload after an error failed")
         raise
-    st = patcher.model.__dict__.get(_STATE_ATTR)
+    st = _offload_state(patcher.model)
     if st is not None:
         forwards = st.handle.forwards - (f0 if st is st0 else 0)
         if st.handle.ring is not None:  # measured: bytes the event ring copied during this run

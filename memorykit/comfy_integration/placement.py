@@ -1,0 +1,157 @@
+"""The one rule Group Offload and Balanced Device Map follow for what they do to the shared model.
+
+Every clone of a MODEL shares one ``BaseModel``. When ComfyUI loads one of the pack's patchers,
+it changes that module for all of them (hooks, weights streamed, placeholders for weights that
+live elsewhere): a *placement*. It is recorded on the BaseModel (one at a time) with the patcher
+that owns it, and follows this rule (both patcher classes call the functions below):
+
+- **reuse**: a patcher being loaded keeps the placement when its key (settings, weight-patch
+  uuid, device) is the placement's key (:func:`reuse`): it re-applies its own object patches
+  (``ModelSamplingDiscrete``, ...), as ComfyUI's ``partially_load`` does for a loaded model, and
+  becomes the owner. Otherwise the placement is undone (:func:`remove`) and applied again
+  (:func:`install`).
+- **detach**: only the owner's detach undoes it (:func:`detach_unpatch_all`). ComfyUI detaches
+  with ``unpatch_all=False`` both the loaded clone of a model it is about to load
+  (``load_models_gpu``) and any clone being garbage-collected (``ModelPatcher.__del__``); the
+  owner keeps the placement in the first case only when the patcher about to load is one of the
+  pack's, which marks the hand-over in its ``is_clone`` (:func:`mark_handover`).
+- **collection**: the owner's garbage collection undoes the placement, unless another patcher
+  took it over.
+- **readers**: a node that reads the shared weights while a placement may be applied (e.g. FP8
+  Layerwise Cast) calls :func:`release` first.
+"""
+from __future__ import annotations
+
+import weakref
+
+_ATTR = "_memorykit_placement"
+
+
+class Placement:
+    """One applied placement; subclasses hold what undoing it needs and implement :meth:`undo`.
+
+    ``key``: what the placement was made for (compared with ``==`` by :func:`reuse`).
+    """
+
+    def __init__(self, key: tuple):
+        self.key = key
+        self.owner_id: int | None = None
+        self.handover_to: int | None = None  # id of the owner whose next detach(False) keeps it
+        self._owner = None                   # weakref to the owner
+        self._finalizer = None
+
+    def undo(self, base_model) -> None:
+        """Put ``base_model`` back as it was before the placement (weights, hooks, counters)."""
+        raise NotImplementedError
+
+    def owner(self):
+        """The owning patcher, or None when it was collected."""
+        return self._owner() if self._owner is not None else None
+
+
+def applied(base_model) -> Placement | None:
+    """The placement applied to ``base_model`` (a ComfyUI BaseModel) now, or None."""
+    return base_model.__dict__.get(_ATTR)
+
+
+def owns(patcher) -> bool:
+    """True when ``patcher`` owns the placement applied to its model."""
+    p = applied(patcher.model)
+    return p is not None and p.owner_id == id(patcher)
+
+
+def _finalize(base_model, placement, owner_id) -> None:
+    p = applied(base_model)
+    if p is placement and p.owner_id == owner_id:
+        remove(base_model)
+
+
+def _take_ownership(patcher, p: Placement) -> None:
+    if p._finalizer is not None:
+        p._finalizer.detach()
+    p.owner_id, p._owner, p.handover_to = id(patcher), weakref.ref(patcher), None
+    p._finalizer = weakref.finalize(patcher, _finalize, patcher.model, p, id(patcher))
+    p._finalizer.atexit = False  # at exit only files matter; their owners delete them
+
+
+def install(patcher, p: Placement) -> None:
+    """Record ``p`` (just applied by ``patcher``) on the model, owned by ``patcher``. Raises
+    RuntimeError when another placement is still applied (remove it first)."""
+    if applied(patcher.model) is not None:
+        raise RuntimeError("MemoryKit: a placement is already applied to this model; remove it first")
+    patcher.model.__dict__[_ATTR] = p
+    _take_ownership(patcher, p)
+
+
+def remove(base_model) -> bool:
+    """Undo the placement applied to ``base_model``, whoever owns it; False when there is none."""
+    p = base_model.__dict__.pop(_ATTR, None)
+    if p is None:
+        return False
+    if p._finalizer is not None:
+        p._finalizer.detach()
+    p.undo(base_model)
+    return True
+
+
+def reapply_object_patches(patcher) -> None:
+    """Swap the object patches in the model for ``patcher``'s own, weights untouched (what
+    ComfyUI's ``partially_load`` does for a model that is already loaded)."""
+    with patcher.use_ejected(skip_and_inject_on_exit_only=True):
+        patcher.unpatch_model(None, unpatch_weights=False)  # restores the previous clone's (shared backup)
+        patcher.patch_model(load_weights=False)
+    patcher.apply_hooks(patcher.forced_hooks, force_apply=True)
+
+
+def reuse(patcher, key: tuple, kind: type) -> bool:
+    """Reuse the placement applied to ``patcher``'s model when it is a ``kind`` made for ``key``:
+    ``patcher`` becomes its owner and its object patches are applied. Returns False (nothing
+    changed) when there is no such placement."""
+    p = applied(patcher.model)
+    if not isinstance(p, kind) or p.key != key:
+        return False
+    _take_ownership(patcher, p)
+    reapply_object_patches(patcher)
+    return True
+
+
+def mark_handover(patcher, other) -> None:
+    """From ``patcher.is_clone(other)`` (``load_models_gpu`` is about to load ``patcher`` and to
+    detach ``other``): ``other``'s next ``detach(unpatch_all=False)`` keeps the placement,
+    because ``patcher``'s load reuses or replaces it."""
+    p = applied(patcher.model)
+    if p is not None:
+        p.handover_to = id(other)
+
+
+def detach_unpatch_all(patcher, unpatch_all: bool) -> bool:
+    """The ``unpatch_all`` ``patcher.detach`` must pass on to ComfyUI's detach.
+
+    Owner: True (undo everything, placement included) unless this is the marked hand-over
+    (``unpatch_all=False`` after :func:`mark_handover`). Any other patcher: False — the loaded
+    model is not its to undo (e.g. a clone being collected). No placement: ``unpatch_all``.
+    """
+    p = applied(patcher.model)
+    if p is None:
+        return unpatch_all
+    if p.owner_id != id(patcher):
+        return False
+    keep = not unpatch_all and p.handover_to == id(patcher)
+    p.handover_to = None
+    return not keep
+
+
+def release(base_model) -> bool:
+    """Undo any placement on ``base_model`` so its weights can be read (called by nodes that read
+    the shared module). The owner is detached as ComfyUI unloads a model (weight patches and
+    object patches undone too); it re-applies the placement when ComfyUI loads it next.
+    Returns False when nothing was applied."""
+    p = applied(base_model)
+    if p is None:
+        return False
+    owner = p.owner()
+    if owner is not None:
+        p.handover_to = None
+        owner.detach(unpatch_all=True)
+    remove(base_model)  # no-op when the owner's detach removed it
+    return True
