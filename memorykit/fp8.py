@@ -126,17 +126,27 @@ def quantize_weight(weight: torch.Tensor, storage_dtype: torch.dtype, scaling: s
     return q, scale
 
 
+def _times_scale(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``t · scale`` worked in float32 and rounded once to ``dtype`` (default ``t.dtype``).
+
+    Never casts the scale to a 16-bit dtype first: an e5m2 scale (amax/57344, ~1e-6 for
+    std-0.02 weights) or a small channel's e4m3 scale is an fp16 subnormal with a few
+    significant bits left, and bf16 keeps only 8 bits of any scale (a systematic error of up
+    to 0.4 % on every weight it multiplies). Issue 14 item 9."""
+    dtype = t.dtype if dtype is None else dtype
+    return (t.to(torch.float32) * scale.to(device=t.device, dtype=torch.float32)).to(dtype)
+
+
 def dequantize_weight(q: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``q`` (float8, or its values already cast to a float dtype) times ``scale``, in ``dtype``."""
-    w = q.to(dtype)
-    return w if scale is None else w * scale.to(device=w.device, dtype=dtype)
+    """``q`` (float8, or its values already cast to a float dtype) times ``scale``, in ``dtype``
+    (the product is worked in float32 and rounded once)."""
+    return q.to(dtype) if scale is None else _times_scale(q, scale, dtype)
 
 
 def scale_weight(weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """Storage-domain weight already in the compute dtype → real weight (multiplied by scale)."""
-    if scale is None:
-        return weight
-    return weight * scale.to(device=weight.device, dtype=weight.dtype)
+    """Storage-domain weight already in the compute dtype → real weight (multiplied by scale
+    in float32, rounded once to the weight's dtype)."""
+    return weight if scale is None else _times_scale(weight, scale)
 
 
 def scaled_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
@@ -144,29 +154,28 @@ def scaled_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | N
     """``F.linear`` with a float8 weight's scale folded in where it is cheapest.
 
     ``weight``: storage-domain values in the compute dtype, shape (out, in); ``scale``: None,
-    0-d or (out, 1). In bf16/fp32 the scale multiplies whichever of input / output / weight
-    is smallest (as ComfyUI's scaled-fp8 op does), so the per-forward overhead is one small
-    elementwise multiply. In fp16 it always multiplies the weight: storage-domain values reach
-    448 (e4m3) or 57344 (e5m2), so an unscaled matmul would overflow fp16's 65504, and an
-    input multiplied by a tiny e5m2 scale would fall into fp16's subnormals. Exact up to the
-    rounding of that multiply in the compute dtype.
+    0-d or (out, 1), float32. In bf16/fp32 the scale multiplies whichever of input / output /
+    weight is smallest (as ComfyUI's scaled-fp8 op does), so the per-forward overhead is one
+    small elementwise multiply. In fp16 it always multiplies the weight: storage-domain values
+    reach 448 (e4m3) or 57344 (e5m2), so an unscaled matmul would overflow fp16's 65504, and an
+    input multiplied by a tiny e5m2 scale would fall into fp16's subnormals. The multiply is
+    worked in float32 and rounded once to the compute dtype (see :func:`_times_scale`).
     """
     if scale is None:
         return F.linear(x, weight, bias)
-    s = scale.to(device=weight.device, dtype=weight.dtype)
     if weight.dtype == torch.float16:
-        return F.linear(x, weight * s, bias)
+        return F.linear(x, _times_scale(weight, scale), bias)
     out_numel = x.numel() // max(1, x.shape[-1]) * weight.shape[0]
     sizes = {"weight": weight.numel(), "output": out_numel}
-    if s.ndim == 0:
+    if scale.ndim == 0:
         sizes["input"] = x.numel()
     where = min(sizes, key=sizes.get)
     if where == "input":
-        return F.linear(x * s, weight, bias)
+        return F.linear(_times_scale(x, scale), weight, bias)
     if where == "output":
-        y = F.linear(x, weight) * s.reshape(-1)
-        return y if bias is None else y + bias
-    return F.linear(x, weight * s, bias)
+        y = F.linear(x, weight).to(torch.float32) * scale.to(device=x.device, dtype=torch.float32).reshape(-1)
+        return (y if bias is None else y + bias).to(x.dtype)
+    return F.linear(x, _times_scale(weight, scale), bias)
 
 
 def fp8_matmul_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:

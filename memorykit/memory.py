@@ -1,12 +1,18 @@
 """Process and device memory readings (no ComfyUI knowledge).
 
 Units: every ``*_bytes`` value is in bytes; helpers ``gib`` convert to GiB (2**30 bytes).
+
+Host memory per platform: Linux reads ``/proc/<pid>/status`` (current RSS, the VmHWM peak,
+RssAnon). Elsewhere psutil gives the current RSS (and Windows' peak working set), and
+``resource.getrusage`` the peak of this process where that module exists (POSIX, not
+Windows); ``ru_maxrss`` is bytes on macOS and KiB on Linux and the BSDs. ``resource`` is
+imported only when needed: a module-level import made the whole pack fail to import on
+Windows (issue 14 item 14).
 """
 from __future__ import annotations
 
-import os
-import resource
-from dataclasses import dataclass, asdict
+import sys
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -47,16 +53,45 @@ class HostMemory:
     rss_anon_bytes: int
 
 
-def host_memory(pid: int | str = "self") -> HostMemory:
-    """Resident memory of ``pid`` (default: this process), from ``/proc/<pid>/status``.
+def _rusage_peak_bytes() -> int | None:
+    """Peak RSS of this process from ``resource.getrusage`` in bytes; None where the module
+    does not exist (Windows). ``ru_maxrss`` is bytes on macOS, KiB on Linux and the BSDs."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak if sys.platform == "darwin" else peak * 1024
 
-    Falls back to ``resource.getrusage`` (peak only) where ``/proc`` is missing.
+
+def _psutil_memory(pid: int | str) -> tuple[int, int] | None:
+    """(current RSS, peak RSS or 0 where unknown) of ``pid`` from psutil, in bytes; None
+    without psutil or for a process it cannot read. Windows reports a peak (``peak_wset``)."""
+    try:
+        import psutil
+        info = psutil.Process(None if pid == "self" else int(pid)).memory_info()
+    except Exception:  # noqa: BLE001 - no psutil, no such process, access denied: no reading
+        return None
+    return int(info.rss), int(getattr(info, "peak_wset", 0))
+
+
+def host_memory(pid: int | str = "self") -> HostMemory:
+    """Resident memory of ``pid`` (default: this process), in bytes.
+
+    Linux: ``/proc/<pid>/status`` (VmRSS, VmHWM, RssAnon). Elsewhere: psutil's current RSS,
+    the peak from Windows' peak working set or, for this process, ``resource.getrusage``
+    (never below the current RSS), and ``rss_anon_bytes`` = the RSS (no split of mapped
+    files). Zeros where nothing can be read. Never raises.
     """
     st = _proc_status(pid)
-    if not st:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        return HostMemory(peak, peak, peak)
-    return HostMemory(st.get("VmRSS", 0), st.get("VmHWM", 0), st.get("RssAnon", 0))
+    if st:
+        return HostMemory(st.get("VmRSS", 0), st.get("VmHWM", 0), st.get("RssAnon", 0))
+    current = _psutil_memory(pid)
+    rss, peak = current if current is not None else (0, 0)
+    if pid == "self" and not peak:
+        peak = _rusage_peak_bytes() or 0
+    rss = rss or peak
+    return HostMemory(rss, max(peak, rss), rss)
 
 
 def reset_host_peak(pid: int | str = "self") -> bool:
