@@ -30,6 +30,7 @@ import comfy.utils as _cu
 
 from .. import offload as _offload
 from .. import offload_plan as _plan
+from .. import badge as _badge
 from .. import report as _report
 
 _log = _logging.getLogger("MemoryKit")
@@ -370,7 +371,8 @@ def group_offload_ui(label: str, info: dict) -> dict:
     from ..offload_report import offload_summary
     rep = _report.build_report(label, loaded_models())
     rep["group_offload"] = info
-    return {"memorykit_report": [rep], "text": ["\n".join([_report.format_report(rep)] + offload_summary(info))]}
+    return {"memorykit_report": [_badge.with_badge(rep)],
+            "text": ["\n".join([_report.format_report(rep)] + offload_summary(info))]}
 
 
 def _group_offload_outer_sample(executor, *args, **kwargs):

@@ -16,7 +16,7 @@ import json as _json  # noqa: E402
 import os as _os  # noqa: E402
 from pathlib import Path as _Path  # noqa: E402
 
-from .. import report as _report, sharded as _sharded, sharded_save as _sharded_save  # noqa: E402
+from .. import badge as _badge, report as _report, sharded as _sharded, sharded_save as _sharded_save  # noqa: E402
 
 # Same choices and meaning as core's UNETLoader / CLIPLoader (nodes.py, ComfyUI 0.3.75).
 WEIGHT_DTYPES = ["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]
@@ -195,4 +195,4 @@ def sharded_ui(label: str, info: dict) -> dict:
     rep["sharded"] = info
     lines = _report.format_report(rep).split("\n")
     lines.insert(1, _sharded.summary_text(info))
-    return {"memorykit_report": [rep], "text": ["\n".join(lines)]}
+    return {"memorykit_report": [_badge.with_badge(rep)], "text": ["\n".join(lines)]}
