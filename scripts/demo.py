@@ -12,7 +12,7 @@ The models are generated with random weights (no download), so the images and vi
 noise: the demo shows memory and time, not pictures.
 
 Run with ``make demo`` (which runs scripts/setup.sh first). ComfyUI: ``$COMFYUI_PATH`` if set
-(0.3.75 and 0.33.0 are tested), else the 0.3.75 tree set-up made. About 10 minutes on 2 CPU
+(0.3.75 and 0.33.0 are tested), else the 0.3.75 tree set-up made. About 15 minutes on 2 CPU
 cores (20 server starts and runs); ``--only NAME ...`` runs a few workflows.
 """
 from __future__ import annotations

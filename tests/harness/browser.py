@@ -209,9 +209,10 @@ def frame_nodes(drv, node_ids: list[int]) -> None:
         const th = LiteGraph.NODE_TITLE_HEIGHT + 26;
         const x0 = Math.min(...ns.map(n => n.pos[0])) - 20, y0 = Math.min(...ns.map(n => n.pos[1] - th)) - 20;
         const x1 = Math.max(...ns.map(n => n.pos[0] + n.size[0])) + 20, y1 = Math.max(...ns.map(n => n.pos[1] + n.size[1])) + 20;
-        const r = c.canvas.getBoundingClientRect();
-        const s = Math.min(1, r.width / (x1 - x0), r.height / (y1 - y0));
-        c.ds.scale = s; c.ds.offset = [-x0 + (r.width / s - (x1 - x0)) / 2, -y0 + (r.height / s - (y1 - y0)) / 2];
+        // the free part of the canvas: right of the sidebar, below the tab/menu bars, left of the minimap
+        const r = c.canvas.getBoundingClientRect(), L = 90, T = 150, W = r.width - L - 380, H = r.height - T - 40;
+        const s = Math.min(1, W / (x1 - x0), H / (y1 - y0));
+        c.ds.scale = s; c.ds.offset = [-x0 + L / s + (W / s - (x1 - x0)) / 2, -y0 + T / s + (H / s - (y1 - y0)) / 2];
         c.setDirty(true, true);""", node_ids)
     time.sleep(0.4)
 
