@@ -179,11 +179,11 @@ def open_template(drv, name: str, pack_title: str) -> None:
     "Extensions"; 1.32 shows them in its list), the search box, the card."""
     from selenium.webdriver.common.keys import Keys
     wait_for(drv, "document.querySelector('.templates-tab-button')", 30, "the Templates button")
-    time.sleep(1)  # a new user's editor opens the template browser by itself, shortly after loading
-    if not drv.execute_script(f"return {_OPEN_DIALOGS}.length"):
-        drv.execute_script("document.querySelector('.templates-tab-button').click()")
     find_search = ("[...document.querySelectorAll('.p-dialog input, [role=dialog] input')]"
                    ".find(e => e.getClientRects().length && /^Search/.test(e.placeholder))")
+    if not drv.execute_script(f"return !!({find_search})"):  # not open yet: close other dialogs, open it
+        close_dialogs(drv)
+        drv.execute_script("document.querySelector('.templates-tab-button').click()")
     wait_for(drv, find_search, 30, "the template browser's search box")
     entry = drv.execute_script(
         "return [...document.querySelectorAll('.p-dialog *, [role=dialog] *')].find(e => e.children.length === 0"
