@@ -1,11 +1,12 @@
 // ComfyUI-MemoryKit frontend extension (comfyui-frontend-package >= 1.32).
 //
 // After a prompt runs, every node whose UI output carries a `memorykit_report` (Memory Report,
-// Free Memory and the technique nodes) gets a badge above its title with its figures (peak
-// VRAM / RAM and the technique's own fields); hovering the badge shows the full report, and the
-// "MemoryKit" sidebar panel lists every report of the last run. Data comes only from the
-// nodes' UI outputs (the `executed` event → node.onExecuted): prompts submitted through the API
-// behave the same without a browser.
+// Free Memory and the technique nodes) gets a badge above its title with its technique's
+// headline figures (the report's `badge` list), fitted to the node's width ("+N" for the rest);
+// hovering the badge shows the full report, and the "MemoryKit" sidebar panel lists the reports
+// of the last runs, newest first. A node ComfyUI did not rerun (cached) keeps its last figures,
+// marked "cached" (after a page reload they are read back from /history). Data comes only from
+// the nodes' UI outputs (the `executed` event → node.onExecuted) and /history.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { badgeText } from "./memorykit_format.js";
@@ -15,11 +16,22 @@ const BADGE_GAP = 2; // LGraphNode.drawBadges' default gap (px, graph units)
 const COLORS = {
   fresh: { fg: "#e3fbfb", bg: "#14505a" },
   stale: { fg: "#b8c2c2", bg: "#3a3f44" }, // a new run started; figures are from the previous one
+  cached: { fg: "#d9e4e4", bg: "#35505a" }, // ComfyUI reused the node's output: figures of its last run
 };
+const CACHED_PREFIX = "cached · ";
+const MAX_RUNS = 5; // runs kept in the panel
 
-// Reports of the last run, in arrival order: node id → {id, title, report, text, stale}.
-const lastRun = new Map();
-const panel = new ReportPanel(() => [...lastRun.values()], (id) => selectNode(id));
+// Reports of the runs so far, newest first: [{promptId, started, entries: Map(node id → entry)}];
+// entry = {id, title, report, text, stale, cached}.
+const runs = [];
+let cachedIds = new Set(); // nodes ComfyUI reported as cached in the current run
+
+function currentRun() {
+  if (!runs.length) runs.unshift({ promptId: null, started: Date.now(), entries: new Map() });
+  return runs[0];
+}
+const panel = new ReportPanel(() => runs.map((r) => ({ ...r, entries: [...r.entries.values()].reverse() })),
+  (id) => selectNode(id));
 const hover = new HoverCard();
 let measureCtx = null;
 
@@ -65,13 +77,15 @@ function otherBadgesWidth(node) {
 function currentBadge(node) {
   const st = node.memorykit;
   if (!st) return emptyBadge();
-  const room = Math.max(80, node.width - otherBadgesWidth(node) - 4);
-  if (!st.badge || st.badgeStale !== st.stale || st.badgeRoom !== room) {
-    const c = st.stale ? COLORS.stale : COLORS.fresh;
+  const room = Math.max(24, node.width - otherBadgesWidth(node));
+  const look = st.stale ? "stale" : st.cached ? "cached" : "fresh";
+  if (!st.badge || st.badgeLook !== look || st.badgeRoom !== room) {
+    const c = COLORS[look];
     const make = (text) => new window.LGraphBadge({ text, fgColor: c.fg, bgColor: c.bg, fontSize: 12 });
-    const text = badgeText(st.report, room, (t) => make(t).getWidth(measureCtx2d()));
+    const prefix = st.cached ? CACHED_PREFIX : "";
+    const text = badgeText(st.report, room, (t) => make(t).getWidth(measureCtx2d()), prefix);
     st.badge = make(text);
-    st.badgeStale = st.stale;
+    st.badgeLook = look;
     st.badgeRoom = room;
   }
   return st.badge;
@@ -91,21 +105,48 @@ function installBadge(node) {
   return true;
 }
 
-/** Record a node's report (called from its onExecuted with the UI output). */
-function onReport(node, output) {
+/** Record a node's report (called from its onExecuted with the UI output, or from /history). */
+function onReport(node, output, cached = cachedIds.has(String(node.id))) {
   const report = output?.memorykit_report?.[0];
   if (!report || typeof report !== "object") return;
   const text = Array.isArray(output.text) ? output.text[0] : undefined;
-  node.memorykit = { report, text, stale: false };
+  node.memorykit = { report, text, stale: false, cached };
   if (!installBadge(node) && !onReport.warned) {
     onReport.warned = true;
     console.warn("[MemoryKit] this frontend has no node badges; reports are in the MemoryKit sidebar panel.");
   }
   const id = String(node.id);
-  lastRun.delete(id);
-  lastRun.set(id, { id, title: node.title || node.type, report, text, stale: false });
+  const run = currentRun();
+  run.entries.delete(id);
+  run.entries.set(id, { id, title: node.title || node.type, report, text, stale: false, cached });
   panel.refresh();
   node.setDirtyCanvas?.(true, true);
+}
+
+/** Cached nodes with no figures in this page (e.g. after a reload): their last report from /history. */
+async function restoreCached(ids) {
+  const want = graphNodes().filter((n) => ids.has(String(n.id)) && !n.memorykit);
+  if (!want.length) return;
+  let history;
+  try {
+    history = await api.getHistory?.(64);
+  } catch (err) {
+    return;
+  }
+  const items = (history?.History ?? (Array.isArray(history) ? history : Object.values(history ?? {})));
+  // Newest first; an entry's prompt must hold the same node type under that id.
+  const sorted = [...items].sort((a, b) => (b.prompt?.[0] ?? 0) - (a.prompt?.[0] ?? 0));
+  for (const node of want) {
+    const id = String(node.id);
+    for (const h of sorted) {
+      const out = h.outputs?.[id];
+      if (out?.memorykit_report && h.prompt?.[2]?.[id]?.class_type === node.type) {
+        if (!node.memorykit) onReport(node, out, true);
+        break;
+      }
+    }
+  }
+  app.canvas?.setDirty?.(true, true);
 }
 
 /** The badge of `node` under graph position [x, y], if our badge is drawn there. */
@@ -132,7 +173,8 @@ function onPointerMove(e) {
   for (const node of graphNodes()) {
     if (badgeHit(node, x, y)) {
       const st = node.memorykit;
-      hover.show(e.clientX, e.clientY, node.id, `#${node.id} ${node.title || node.type}${st.stale ? " (previous run)" : ""}`,
+      const note = st.stale ? " (previous run)" : st.cached ? " (cached: figures of its last run)" : "";
+      hover.show(e.clientX, e.clientY, node.id, `#${node.id} ${node.title || node.type}${note}`,
         st.report, st.text);
       return;
     }
@@ -171,16 +213,29 @@ app.registerExtension({
   async setup() {
     const tabs = app.extensionManager?.sidebarTab ?? app.extensionManager;
     tabs?.registerSidebarTab?.(panel.tab());
-    api.addEventListener("execution_start", () => {
-      for (const e of lastRun.values()) e.stale = true;
+    api.addEventListener("execution_start", (ev) => {
+      cachedIds = new Set();
+      runs.unshift({ promptId: ev.detail?.prompt_id ?? null, started: Date.now(), entries: new Map() });
+      runs.splice(MAX_RUNS);
+      for (const r of runs.slice(1)) for (const e of r.entries.values()) e.stale = true;
       for (const node of graphNodes()) if (node.memorykit) node.memorykit.stale = true;
       panel.refresh();
       app.canvas?.setDirty?.(true, true);
     });
-    api.addEventListener("execution_success", () => {
-      // Reports of nodes that did not run this time are not part of the last run.
-      for (const [id, e] of [...lastRun]) if (e.stale) lastRun.delete(id);
+    api.addEventListener("execution_cached", (ev) => {
+      cachedIds = new Set((ev.detail?.nodes ?? []).map(String));
+      for (const node of graphNodes()) {
+        const id = String(node.id);
+        if (!cachedIds.has(id) || !node.memorykit) continue;
+        node.memorykit.stale = false; // ComfyUI reused this node's output: its figures still hold
+        node.memorykit.cached = true;
+        const st = node.memorykit;
+        currentRun().entries.set(id, { id, title: node.title || node.type, report: st.report, text: st.text,
+          stale: false, cached: true });
+      }
+      restoreCached(cachedIds);
       panel.refresh();
+      app.canvas?.setDirty?.(true, true);
     });
     const canvasEl = app.canvasEl ?? app.canvas?.canvas;
     canvasEl?.addEventListener("pointermove", onPointerMove);

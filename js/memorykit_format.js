@@ -74,13 +74,16 @@ function isPlainMap(v) {
 }
 
 /**
- * Figures of one report for its badge, in display order: [{key, label, text}].
- * Peak VRAM (max over CUDA devices; left out without CUDA), then every technique field that is
- * a non-zero number, a short string or a flat {name: number|string} map (known ones first),
- * then the peak process RAM.
+ * Figures of one report for its badge, in display order: [{key, label, text}]. Reports from
+ * this pack carry `badge` (the node's headline figures, made in memorykit/badge.py), used as
+ * they are. Older reports: peak VRAM (max over CUDA devices), every technique field that is a
+ * non-zero number, a short string or a flat {name: number|string} map, then the peak RAM.
  */
 export function badgeFigures(rep) {
   if (!rep || typeof rep !== "object") return [];
+  if (Array.isArray(rep.badge)) {
+    return rep.badge.filter((t) => typeof t === "string" && t).map((t, i) => ({ key: `badge${i}`, label: "", text: t }));
+  }
   const out = [];
   const cuda = Array.isArray(rep.cuda) ? rep.cuda : [];
   if (cuda.length) {
@@ -95,7 +98,7 @@ export function badgeFigures(rep) {
   });
   for (const key of keys) {
     const v = rep[key];
-    if (typeof v === "number" && v === 0) continue; // e.g. "VRAM freed 0 B" on a CPU run: in the full report only
+    if (typeof v === "number" && v === 0) continue;
     if (typeof v === "number") out.push({ key, label: labelFor(key), text: formatValue(key, v) });
     else if (typeof v === "string" && v.length > 0 && v.length <= 60) out.push({ key, label: labelFor(key), text: v });
     else if (isPlainMap(v) && Object.keys(v).length > 0) out.push({ key, label: labelFor(key), text: formatMap(v) });
@@ -106,18 +109,50 @@ export function badgeFigures(rep) {
   return out;
 }
 
+/** One figure as shown: "label text" (or just the text for headline figures). */
+export function figureText(f) {
+  return f.label ? `${f.label} ${f.text}` : f.text;
+}
+
 /**
- * The badge text: as many figures as fit in `maxWidth` px (measured by `measure(text)`), joined
- * by " · ", with "+N" for the rest (the full list is on hover and in the panel). At least one
- * figure is always shown.
+ * The badge text, never wider than `maxWidth` px (measured by `measure(text)`): `prefix`, then
+ * as many figures as fit joined by " · ", then "+N" for the rest (the full list is on hover and
+ * in the panel). When not even the first figure fits it is cut with "…".
  */
-export function badgeText(rep, maxWidth = Infinity, measure = (t) => t.length * 7) {
-  const figs = badgeFigures(rep).map((f) => `${f.label} ${f.text}`);
-  for (let k = figs.length; k > 1; k--) {
-    const text = figs.slice(0, k).join(" · ") + (k < figs.length ? ` · +${figs.length - k}` : "");
+export function badgeText(rep, maxWidth = Infinity, measure = (t) => t.length * 7, prefix = "") {
+  const figs = badgeFigures(rep).map(figureText);
+  for (let k = figs.length; k >= 1; k--) {
+    const text = prefix + figs.slice(0, k).join(" · ") + (k < figs.length ? ` · +${figs.length - k}` : "");
     if (measure(text) <= maxWidth) return text;
   }
-  return figs.length > 1 ? `${figs[0]} · +${figs.length - 1}` : (figs[0] ?? "");
+  const more = figs.length > 1 ? ` · +${figs.length - 1}` : "";
+  let first = figs[0] ?? "";
+  while (first.length > 1 && measure(`${prefix}${first}…${more}`) > maxWidth) first = first.slice(0, -1);
+  const text = `${prefix}${first}…${more}`;
+  if (measure(text) <= maxWidth) return text;
+  return measure(`${prefix}…`) <= maxWidth ? `${prefix}…` : "…";
+}
+
+/** Nested report values as indented "key: value" lines (no one-line JSON). */
+export function valueLines(key, v, indent = "") {
+  const label = labelFor(key);
+  if (v === null || v === undefined) return [`${indent}${label}: -`];
+  if (typeof v === "number") return [`${indent}${label}: ${formatValue(key, v)}`];
+  if (typeof v !== "object") return [`${indent}${label}: ${String(v)}`];
+  if (Array.isArray(v)) {
+    if (v.every((x) => x === null || typeof x !== "object")) {
+      const items = v.map((x) => (typeof x === "number" ? formatValue(key, x) : String(x)));
+      const one = `${indent}${label}: ${items.join(", ") || "none"}`;
+      return one.length <= 100 ? [one] : [`${indent}${label}:`, ...items.map((x) => `${indent}  ${x}`)];
+    }
+    const lines = [`${indent}${label}:`];
+    v.slice(0, 40).forEach((x, i) => lines.push(...valueLines(String(i + 1), x, indent + "  ")));
+    if (v.length > 40) lines.push(`${indent}  ... and ${v.length - 40} more`);
+    return lines;
+  }
+  const lines = [`${indent}${label}:`];
+  for (const [k, x] of Object.entries(v)) lines.push(...valueLines(k, x, indent + "  "));
+  return lines;
 }
 
 /**
@@ -130,9 +165,9 @@ export function reportLines(rep, text) {
   const figs = badgeFigures(rep);
   if (text) {
     lines.push(...String(text).split("\n"), "");
-    for (const f of figs) lines.push(`${f.label}: ${f.text}`);
+    for (const f of figs) lines.push(f.label ? `${f.label}: ${f.text}` : f.text);
   } else {
-    for (const f of figs) lines.push(`${f.label}: ${f.text}`);
+    for (const f of figs) lines.push(f.label ? `${f.label}: ${f.text}` : f.text);
     for (const d of rep?.cuda || []) {
       lines.push(`${d.device}: ${formatBytes(d.allocated_bytes)} allocated, peak ${formatBytes(d.peak_allocated_bytes)}, `
         + `${formatBytes(d.reserved_bytes)} reserved of ${formatBytes(d.total_bytes)}`);
@@ -147,8 +182,8 @@ export function reportLines(rep, text) {
   }
   const shown = new Set(figs.map((f) => f.key));
   for (const [k, v] of Object.entries(rep || {})) {
-    if (BASE_FIELDS.has(k) || shown.has(k)) continue;
-    lines.push(`${labelFor(k)}: ${typeof v === "number" ? formatValue(k, v) : JSON.stringify(v)}`);
+    if (BASE_FIELDS.has(k) || shown.has(k) || k === "badge") continue;
+    lines.push(...valueLines(k, v));
   }
   return lines;
 }

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..memorykit import comfy_integration
+from ..memorykit import badge, comfy_integration
 from ..memorykit.device_map import STRATEGIES
 
 
@@ -48,4 +48,4 @@ class BalancedDeviceMap(io.ComfyNode):
                 custom_device_map: str = "") -> io.NodeOutput:
         clone, rep, text = comfy_integration.device_map_model(model, strategy, max_memory, offload_folder,
                                                               custom_device_map)
-        return io.NodeOutput(clone, ui={"memorykit_report": [rep], "text": [text]})
+        return io.NodeOutput(clone, ui={"memorykit_report": [badge.with_badge(rep)], "text": [text]})

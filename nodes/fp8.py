@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..memorykit import comfy_integration, fp8, report
+from ..memorykit import badge, comfy_integration, fp8, report
 
 
 class Fp8LayerwiseCast(io.ComfyNode):
@@ -62,4 +62,4 @@ class Fp8LayerwiseCast(io.ComfyNode):
                                                          skip_preset, extra_skip_patterns, fp8_matmul)
         rep = report.build_report("FP8 Layerwise Cast", comfy_integration.loaded_models())
         rep["fp8"] = info
-        return io.NodeOutput(out, ui={"memorykit_report": [rep], "text": [comfy_integration.format_fp8_info(info)]})
+        return io.NodeOutput(out, ui={"memorykit_report": [badge.with_badge(rep)], "text": [comfy_integration.format_fp8_info(info)]})

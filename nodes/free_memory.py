@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..memorykit import comfy_integration, memory, report
+from ..memorykit import badge, comfy_integration, memory, report
 from .schema_util import PassthroughNode, make_schema
 
 
@@ -42,4 +42,4 @@ class FreeMemory(PassthroughNode):
         rep = report.build_report("Free Memory", comfy_integration.loaded_models())
         rep.update(report.freed_fields(before, rep, unloaded))
         text = report.format_report(rep) + "\n" + report.format_freed(rep)
-        return io.NodeOutput(value, ui={"memorykit_report": [rep], "text": [text]})
+        return io.NodeOutput(value, ui={"memorykit_report": [badge.with_badge(rep)], "text": [text]})

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..memorykit import comfy_integration, memory, report
+from ..memorykit import badge, comfy_integration, memory, report
 from .schema_util import PassthroughNode, make_schema
 
 
@@ -39,4 +39,4 @@ class MemoryReport(PassthroughNode):
         if reset_peak:
             memory.reset_cuda_peak()
             memory.reset_host_peak()
-        return io.NodeOutput(value, ui={"memorykit_report": [rep], "text": [report.format_report(rep)]})
+        return io.NodeOutput(value, ui={"memorykit_report": [badge.with_badge(rep)], "text": [report.format_report(rep)]})

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..memorykit import comfy_integration, memory, report, tiled_vae
+from ..memorykit import badge, comfy_integration, memory, report, tiled_vae
 
 
 def _tiling_inputs() -> list:
@@ -50,7 +50,7 @@ def _with_report(label: str, call):
     result, info = call()
     rep = report.build_report(label, comfy_integration.loaded_models())
     rep["tiled_vae"] = info
-    return result, {"memorykit_report": [rep], "text": [report.format_report(rep) + "\n" + tiled_vae.format_info(info)]}
+    return result, {"memorykit_report": [badge.with_badge(rep)], "text": [report.format_report(rep) + "\n" + tiled_vae.format_info(info)]}
 
 
 class TiledVAEDecode(io.ComfyNode):

@@ -170,6 +170,66 @@ def tiled_vae_wan21_t2v() -> dict:
     return p
 
 
+def wan22_two_experts() -> dict:
+    """Wan 2.2 text-to-video with its two 14B experts (high noise, then low noise), each through
+    Group Offload to disk, so neither expert has to fit in RAM or VRAM whole: two KSampler
+    (Advanced) passes split the steps between them. Model files as ComfyUI's Wan 2.2 template
+    names them; 9 frames at 128² and 4 steps so the demo runs on a CPU (use 81 frames at 832×480
+    and 20 steps with the real models)."""
+    p = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors",
+                                                    "weight_dtype": "default"}},
+        "2": {"class_type": "UNETLoader", "inputs": {"unet_name": "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors",
+                                                    "weight_dtype": "default"}},
+        "3": _group_offload_disk(["1", 0]),
+        "4": _group_offload_disk(["2", 0]),
+        "5": {"class_type": "CLIPLoader", "inputs": {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "type": "wan"}},
+        "6": {"class_type": "CLIPTextEncode", "inputs": {"text": "a red fox running through snow", "clip": ["5", 0]}},
+        "7": {"class_type": "CLIPTextEncode", "inputs": {"text": NEG, "clip": ["5", 0]}},
+        "8": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 128, "height": 128, "length": 9, "batch_size": 1}},
+        "9": {"class_type": "KSamplerAdvanced", "inputs": {
+            "model": ["3", 0], "add_noise": "enable", "noise_seed": 7, "steps": 4, "cfg": 4.0, "sampler_name": "euler",
+            "scheduler": "simple", "positive": ["6", 0], "negative": ["7", 0], "latent_image": ["8", 0],
+            "start_at_step": 0, "end_at_step": 2, "return_with_leftover_noise": "enable"}},
+        "10": {"class_type": "KSamplerAdvanced", "inputs": {
+            "model": ["4", 0], "add_noise": "disable", "noise_seed": 7, "steps": 4, "cfg": 4.0, "sampler_name": "euler",
+            "scheduler": "simple", "positive": ["6", 0], "negative": ["7", 0], "latent_image": ["9", 0],
+            "start_at_step": 2, "end_at_step": 10000, "return_with_leftover_noise": "disable"}},
+        "11": {"class_type": "MemoryKitMemoryReport", "inputs": {"value": ["10", 0], "label": "after both experts", "reset_peak": True}},
+        "12": {"class_type": "VAELoader", "inputs": {"vae_name": "wan_2.1_vae.safetensors"}},
+        "13": {"class_type": "VAEDecode", "inputs": {"samples": ["11", 0], "vae": ["12", 0]}},
+        "14": {"class_type": "SaveAnimatedWEBP", "inputs": {"images": ["13", 0], "filename_prefix": "MemoryKit/wan22_two_experts",
+                                                           "fps": 16.0, "lossless": False, "quality": 80, "method": "default"}},
+    }
+    return p
+
+
+# Download locations of the real model files the workflows name (properties.models, as core's templates).
+MODEL_URLS = {
+    "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors": ("https://huggingface.co/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/"
+                                                   "main/split_files/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors",
+                                                   "diffusion_models"),
+    "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors": ("https://huggingface.co/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/"
+                                                  "main/split_files/diffusion_models/wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors",
+                                                  "diffusion_models"),
+    "umt5_xxl_fp8_e4m3fn_scaled.safetensors": ("https://huggingface.co/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/"
+                                               "main/split_files/text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors",
+                                               "text_encoders"),
+    "wan_2.1_vae.safetensors": ("https://huggingface.co/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/"
+                                "main/split_files/vae/wan_2.1_vae.safetensors", "vae"),
+}
+
+
+def add_model_urls(ui: dict) -> dict:
+    """Set ``properties.models`` ([{name, url, directory}]) on each loader naming a known file."""
+    for n in ui["nodes"]:
+        found = [v for v in n.get("widgets_values") or [] if isinstance(v, str) and v in MODEL_URLS]
+        if found:
+            n.setdefault("properties", {})["models"] = [
+                {"name": v, "url": MODEL_URLS[v][0], "directory": MODEL_URLS[v][1]} for v in found]
+    return ui
+
+
 WORKFLOWS = {
     "memory_report_sd15": sd15_txt2img,
     "fp8_layerwise_sd15": fp8_sd15,
@@ -181,23 +241,120 @@ WORKFLOWS = {
     "combined_sd15": combined_sd15,
     "tiled_vae_sd15": tiled_vae_sd15,
     "tiled_vae_wan21_t2v": tiled_vae_wan21_t2v,
+    "wan22_two_experts_on_32gb_ram": wan22_two_experts,
 }
 
 
-def main() -> None:
+# What each workflow shows: a Note node in the graph and the thumbnail's caption.
+NOTES = {
+    "memory_report_sd15": "Memory Report: SD1.5 text-to-image with a Memory Report after sampling and after "
+                          "decoding. Each shows the peak VRAM/RAM of its stage and the models ComfyUI holds.",
+    "fp8_layerwise_sd15": "FP8 Layerwise Cast: the UNet stored in float8 (1 byte per weight), computed in "
+                          "high precision. The badge shows the weights before -> after.",
+    "memory_report_wan21_t2v": "Memory Report on Wan 2.1 text-to-video: peak memory of sampling and of the "
+                               "VAE decode, and the models held.",
+    "balanced_device_map_wan21_t2v": "Balanced Device Map: Wan 2.1 split across devices (here cpu + disk; on a "
+                                     "multi-GPU machine e.g. 'cuda:0=20GiB, cuda:1=22GiB'). The badge shows the "
+                                     "bytes on each device.",
+    "free_memory_sd15": "Free Memory between sampling and decoding: the Memory Report after it lists no "
+                        "model. Use it so the next stage starts with free VRAM.",
+    "sharded_loaders_sd15": "Sharded loaders: the UNet and CLIP-L loaded from safetensors shards + index, one "
+                            "shard at a time. The badges show shards, size and seconds.",
+    "group_offload_wan21_t2v": "Group Offload: Wan 2.1's blocks kept on disk (or in RAM) and streamed to the "
+                               "GPU just in time. The badge shows resident bytes, bytes streamed per forward "
+                               "and the peak.",
+    "combined_sd15": "Every technique in one graph: sharded loaders -> FP8 Layerwise Cast -> Group Offload -> "
+                     "KSampler -> Tiled VAE Decode -> Memory Report.",
+    "tiled_vae_sd15": "Tiled VAE Decode: the image decoded in overlapping tiles (here 128 px: a 3x3 grid), seams "
+                      "cross-faded. The badge shows the tile grid and the peak memory.",
+    "wan22_two_experts_on_32gb_ram": "Wan 2.2 two experts on 32 GB RAM: the high-noise and the low-noise 14B "
+                                     "models each through Group Offload to disk, so neither has to fit in RAM or "
+                                     "VRAM whole; two KSampler (Advanced) passes split the steps. Download the "
+                                     "models listed in the loaders' properties.",
+    "tiled_vae_wan21_t2v": "Tiled VAE Decode on Wan 2.1 video: tiles in space, time kept whole (causal cache). "
+                           "The badge shows the tile grid and the peak memory.",
+}
+
+
+def add_note(ui: dict, text: str) -> dict:
+    """Add a Note node (top left, above the graph) saying what the workflow shows; returns ``ui``."""
+    if any(n["type"] == "Note" for n in ui["nodes"]):
+        return ui
+    nid = int(ui.get("last_node_id") or max(n["id"] for n in ui["nodes"])) + 1
+    x = min(n["pos"][0] for n in ui["nodes"])
+    y = min(n["pos"][1] for n in ui["nodes"])
+    ui["nodes"].append({"id": nid, "type": "Note", "pos": [x, y - 170], "size": [520, 130], "flags": {},
+                        "order": len(ui["nodes"]), "mode": 0, "inputs": [], "outputs": [],
+                        "properties": {}, "widgets_values": [text], "color": "#432", "bgcolor": "#653"})
+    ui["last_node_id"] = nid
+    return ui
+
+
+def write_thumbnail(path: Path, name: str, ui: dict) -> None:
+    """A small JPEG card (the template browser shows ``<name>.jpg``): the workflow's MemoryKit
+    nodes as boxes on the chain loader → ... → output, with its title."""
+    from PIL import Image, ImageDraw, ImageFont
+    img = Image.new("RGB", (512, 512), "#1b2328")
+    d = ImageDraw.Draw(img)
+    try:
+        big = ImageFont.truetype("DejaVuSans-Bold.ttf", 30)
+        small = ImageFont.truetype("DejaVuSans.ttf", 21)
+    except OSError:
+        big = small = ImageFont.load_default()
+    d.text((28, 26), "MemoryKit", fill="#7fd4dc", font=big)
+    d.text((28, 66), name.replace("_", " "), fill="#c9d6da", font=small)
+    chain = [n for n in sorted(ui["nodes"], key=lambda n: (n["pos"][0], n["pos"][1])) if n["type"] != "Note"]
+    titles = []
+    for n in chain:
+        t = n.get("title") or n["type"]
+        if n["type"].startswith("MemoryKit") or any(k in n["type"] for k in ("Loader", "KSampler", "VAEDecode", "Save")):
+            t = t.replace("MemoryKit", "")
+            if t not in titles:
+                titles.append(t)
+    y = 120
+    for t in titles[:8]:
+        ours = any(n["type"] == "MemoryKit" + t for n in chain)
+        d.rounded_rectangle([60, y, 452, y + 36], 8, fill="#14505a" if ours else "#33393d",
+                            outline="#7fd4dc" if ours else "#555")
+        label = "".join(" " + c if c.isupper() and i and not t[i - 1].isupper() else c for i, c in enumerate(t))
+        d.text((76, y + 7), label.strip()[:30], fill="#e8f4f4", font=small)
+        y += 46
+        if y > 470:
+            break
+    img.save(path, "JPEG", quality=85)
+
+
+def finish(name: str, ui: dict, out_dir: Path) -> dict:
+    """Note node and thumbnail for one workflow."""
+    add_note(ui, NOTES.get(name, ""))
+    add_model_urls(ui)
+    write_thumbnail(out_dir / f"{name}.jpg", name, ui)
+    return ui
+
+
+def main(only: list[str] | None = None) -> None:
     out_dir = REPO / "example_workflows"
     out_dir.mkdir(exist_ok=True)
     with ComfyServer() as srv:
         oi = srv.object_info()
     for name, make in WORKFLOWS.items():
+        if only and name not in only:
+            continue
         api = make()
         ui = workflow.api_to_ui(api, oi)
         back = workflow.strip_meta(workflow.ui_to_api(ui, oi))
         if back != api:
             raise SystemExit(f"{name}: UI→API round trip differs:\n{back}\n{api}")
+        finish(name, ui, out_dir)
         (out_dir / f"{name}.json").write_text(json.dumps(ui, indent=1) + "\n")
         print("wrote", out_dir / f"{name}.json")
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--notes-only"]:  # add notes/thumbnails to the committed files, no server
+        for f in sorted((REPO / "example_workflows").glob("*.json")):
+            ui = json.loads(f.read_text())
+            f.write_text(json.dumps(finish(f.stem, ui, f.parent), indent=1) + "\n")
+            print("updated", f)
+    else:
+        main(sys.argv[1:] or None)

@@ -1,17 +1,26 @@
-"""The MemoryKit demo: a real ComfyUI, headless, runs every workflow in ``example_workflows/``
-through the pack's nodes on generated models, saves outputs to ``demo_output/`` and prints a
-table of wall time, peak memory and what each MemoryKit node reported.
+"""The MemoryKit demo: each workflow in ``example_workflows/`` run beside its plain baseline.
 
-Run with ``make demo`` (which runs scripts/setup.sh first). Peak memory is the CUDA peak
-reported inside the server by Memory Report when a GPU exists, else the server process's RSS
-high-water mark (VmHWM) over the run.
+For every example workflow a real ComfyUI, headless, runs (1) the plain baseline — the same
+workflow with the MemoryKit nodes bypassed, Tiled VAE replaced by core's VAE Decode, a
+MemoryKit loader replaced by core's plain loader of the same model — and (2) the workflow as
+written, each in a fresh server, so neither peak includes what an earlier run left behind.
+It prints, per workflow: wall time, peak memory (VRAM from the Memory Report nodes on a GPU,
+the server's RSS high-water mark on a CPU) plain vs MemoryKit, their ratio, and the MemoryKit
+nodes' own figures (their badges). Outputs are saved to ``demo_output/<workflow>/``.
+
+The models are generated with random weights (no download), so the images and videos are
+noise: the demo shows memory and time, not pictures.
+
+Run with ``make demo`` (which runs scripts/setup.sh first). ComfyUI: ``$COMFYUI_PATH`` if set
+(0.3.75 and 0.33.0 are tested), else the 0.3.75 tree set-up made. About 15 minutes on 2 CPU
+cores (20 server starts and runs); ``--only NAME ...`` runs a few workflows.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,62 +32,94 @@ from harness import examples, models, paths  # noqa: E402
 from harness.server import ComfyServer, PromptRejected  # noqa: E402
 
 
-def _fmt_gib(n: float | None) -> str:
+def _gib(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f}"
 
 
-def summarize_reports(reports: dict) -> str:
-    parts = []
-    for nid, rep in sorted(reports.items(), key=lambda kv: int(kv[0])):
-        label = rep.get("label") or f"node {nid}"
-        if rep.get("cuda"):
-            peak = max(d["peak_allocated_bytes"] for d in rep["cuda"])
-            parts.append(f"{label}: VRAM peak {_fmt_gib(peak)} GiB")
-        else:
-            parts.append(f"{label}: RAM peak {_fmt_gib(rep['host']['rss_peak_bytes'])} GiB")
-    return "; ".join(parts)
+def peak_of(r: dict, on_gpu: bool) -> float | None:
+    """VRAM peak (max over the reports' CUDA devices) on a GPU, else the RSS high-water mark."""
+    if not on_gpu:
+        return r.get("peak_rss_bytes")
+    peaks = [max(d["peak_allocated_bytes"] for d in rep["cuda"]) for rep in r["reports"].values() if rep.get("cuda")]
+    return max(peaks) if peaks else None
+
+
+def node_figures(r: dict, prompt: dict) -> list[str]:
+    """'Label: figure · figure' for each MemoryKit technique node of a run (Memory Report excluded)."""
+    out = []
+    for nid, rep in sorted(r["reports"].items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
+        if prompt.get(nid, {}).get("class_type") == "MemoryKitMemoryReport":
+            continue
+        out.append(f"{rep.get('label') or nid}: {' · '.join(rep.get('badge') or [])}")
+    return out
+
+
+def run_fresh(name: str, prompt: dict, out_dir: Path | None) -> dict:
+    """Run one API prompt in a fresh server; copy its outputs to ``out_dir``."""
+    with ComfyServer() as srv:
+        try:
+            r = examples.run_prompt(srv, name, prompt)
+        except PromptRejected as e:
+            return {"name": name, "status": "rejected", "error": e.body, "seconds": 0.0, "peak_rss_bytes": None,
+                    "reports": {}}
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            for ui in r["result"].outputs.values():
+                for key in ("images", "animated", "tensors"):
+                    for f in ui.get(key, []) or []:
+                        src = srv.base / "output" / f.get("subfolder", "") / f.get("filename", "")
+                        if isinstance(f, dict) and src.is_file():
+                            shutil.copy2(src, out_dir / src.name)
+    r.pop("result", None)
+    return r
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="*", help="run only these example workflows (file stems)")
     ap.add_argument("--out", default=str(REPO / "demo_output"), help="where outputs are copied")
-    ap.add_argument("--json", help="also write the table as JSON to this file")
+    ap.add_argument("--json", help="also write the results as JSON to this file")
     args = ap.parse_args(argv)
 
-    print("Generating test models (first run only) ...", flush=True)
+    print("Generating the models (first run only) ...", flush=True)
     models.ensure_models()
     names = args.only or examples.example_names()
-    device = "GPU" if torch.cuda.is_available() else "CPU"
-    rows = []
-    print(f"Starting ComfyUI ({paths.comfyui_path()}) headless ...", flush=True)
+    on_gpu = torch.cuda.is_available()
+    print(f"ComfyUI: {paths.comfyui_path()}  ({'GPU: peak = VRAM' if on_gpu else 'CPU: peak = server RSS'})", flush=True)
     with ComfyServer() as srv:
         oi = srv.object_info()
-        for name in names:
-            print(f"  running {name} ...", flush=True)
-            try:
-                r = examples.run_example(srv, name, oi, copy_outputs_to=Path(args.out))
-            except PromptRejected as e:
-                r = {"name": name, "status": "rejected", "error": e.body, "seconds": 0.0,
-                     "peak_rss_bytes": None, "reports": {}, "files": []}
-            rows.append(r)
-    ok = all(r["status"] == "success" for r in rows)
+    rows = []
+    for name in names:
+        mk = examples.load_example(name, oi)
+        plain = examples.plain_prompt(mk)
+        print(f"  {name}: plain ...", end="", flush=True)
+        rp = run_fresh(name, plain, Path(args.out) / name / "plain")
+        print(f" {rp['status']}, MemoryKit ...", end="", flush=True)
+        rm = run_fresh(name, mk, Path(args.out) / name / "memorykit")
+        print(f" {rm['status']}", flush=True)
+        rows.append({"name": name, "plain": rp, "memorykit": rm, "figures": node_figures(rm, mk)})
+
+    kind = "VRAM" if on_gpu else "RSS"
     print()
-    print(f"{'workflow':<34} {'status':<9} {'seconds (' + device + ')':>14} {'peak GiB':>9}  MemoryKit nodes reported")
-    print("-" * 110)
-    for r in rows:
-        peak = r["peak_rss_bytes"]
-        cuda_peaks = [max(d["peak_allocated_bytes"] for d in rep["cuda"]) for rep in r["reports"].values() if rep.get("cuda")]
-        if cuda_peaks:
-            peak = max(cuda_peaks)
-        kind = "VRAM" if cuda_peaks else "RSS"
-        print(f"{r['name']:<34} {r['status']:<9} {r['seconds']:>14.2f} {_fmt_gib(peak):>5} {kind:<4} {summarize_reports(r['reports'])}")
-        if r["status"] != "success":
-            print(f"    error: {json.dumps(r['error'])[:600]}")
-    print(f"\nOutputs in {args.out}/. Peak = {'CUDA peak (Memory Report)' if device == 'GPU' else 'server RSS high-water mark'}.")
+    print("The models have random weights: the images and videos are noise. Peaks in GiB "
+          f"({'VRAM from the Memory Report nodes' if on_gpu else 'server RSS high-water mark'}), each run in a fresh server.")
+    print(f"{'workflow':<32} {'plain s':>8} {'MK s':>8} {'plain ' + kind:>10} {'MK ' + kind:>8} {'MK/plain':>9}")
+    print("-" * 80)
+    ok = True
+    for row in rows:
+        p, m = row["plain"], row["memorykit"]
+        ok &= p["status"] == "success" and m["status"] == "success"
+        pp, pm = peak_of(p, on_gpu), peak_of(m, on_gpu)
+        ratio = f"{pm / pp:.2f}×" if pp and pm else "-"
+        print(f"{row['name']:<32} {p['seconds']:>8.1f} {m['seconds']:>8.1f} {_gib(pp):>10} {_gib(pm):>8} {ratio:>9}")
+        for f in row["figures"]:
+            print(f"    {f}")
+        for label, r in (("plain", p), ("MemoryKit", m)):
+            if r["status"] != "success":
+                print(f"    {label} run {r['status']}: {json.dumps(r['error'])[:600]}")
+    print(f"\nOutputs in {args.out}/<workflow>/plain and /memorykit.")
     if args.json:
-        Path(args.json).write_text(json.dumps([{k: v for k, v in r.items() if k not in ("result", "files")} for r in rows],
-                                              indent=1, default=str))
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
     return 0 if ok else 1
 
 

@@ -24,7 +24,7 @@ import comfy.model_patcher
 import comfy.patcher_extension as pe
 import comfy.utils
 
-from .. import offload, offload_plan, report
+from .. import badge, offload, offload_plan, report
 from . import placement
 from .common import loaded_models, weight_dtype_options
 from .compat import opt_out_of_dynamic_vram, patcher_free_memory
@@ -330,7 +330,8 @@ def group_offload_ui(label: str, info: dict) -> dict:
     from ..offload_report import offload_summary
     rep = report.build_report(label, loaded_models())
     rep["group_offload"] = info
-    return {"memorykit_report": [rep], "text": ["\n".join([report.format_report(rep)] + offload_summary(info))]}
+    return {"memorykit_report": [badge.with_badge(rep)],
+            "text": ["\n".join([report.format_report(rep)] + offload_summary(info))]}
 
 
 def _group_offload_outer_sample(executor, *args, **kwargs):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .. import report, scaled_fp8, sharded, sharded_save
+from .. import badge, report, scaled_fp8, sharded, sharded_save
 from .common import loaded_models, weight_dtype_options
 from .compat import model_state_dict_for_saving as _compat_state_dict
 from .fp8_patcher import FP8_ATTACHMENT, layer_scale
@@ -246,4 +246,4 @@ def sharded_ui(label: str, info: dict) -> dict:
     lines.insert(1, sharded.summary_text(info))
     if "fp8" in info:
         lines.insert(2, info["fp8"]["note"])
-    return {"memorykit_report": [rep], "text": ["\n".join(lines)]}
+    return {"memorykit_report": [badge.with_badge(rep)], "text": ["\n".join(lines)]}

@@ -25,10 +25,28 @@ def example_names() -> list[str]:
     return sorted(p.stem for p in EXAMPLES.glob("*.json"))
 
 
+# Real model files named by the example workflows → the generated fixtures that stand in for
+# them (same architecture, tiny, random weights). Generated on first use where noted.
+MODEL_FILES = {
+    "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors": "mk_wan22_high_noise_tiny.safetensors",
+    "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors": "mk_wan22_low_noise_tiny.safetensors",
+    "wan_2.1_vae.safetensors": "mk_wan21_vae_tiny.safetensors",
+}
+_NEEDS_WAN22 = {"mk_wan22_high_noise_tiny.safetensors", "mk_wan22_low_noise_tiny.safetensors"}
+
+
 def load_example(name: str, object_info: dict) -> dict:
-    """API-format prompt for ``example_workflows/<name>.json`` with the substitutions above."""
+    """API-format prompt for ``example_workflows/<name>.json`` with the substitutions above
+    (and real model file names mapped to the fixtures, :data:`MODEL_FILES`)."""
     ui = json.loads((EXAMPLES / f"{name}.json").read_text())
     api = workflow.ui_to_api(ui, object_info)
+    for n in api.values():
+        for k, v in n["inputs"].items():
+            if isinstance(v, str) and v in MODEL_FILES:
+                n["inputs"][k] = MODEL_FILES[v]
+                if MODEL_FILES[v] in _NEEDS_WAN22:
+                    from .wan22_models import ensure_wan22_experts
+                    ensure_wan22_experts()
     wan_clips = {nid for nid, n in api.items()
                  if n["class_type"] == "CLIPLoader" and n["inputs"].get("type") == "wan"}
     for nid, n in list(api.items()):
@@ -81,3 +99,91 @@ def run_example(server: ComfyServer, name: str, object_info: dict, copy_outputs_
         files = [Path(shutil.copy2(f, dest / f.name)) for f in files if f.exists()]
     return {"name": name, "status": res.status, "error": res.error, "seconds": seconds,
             "peak_rss_bytes": peak, "reports": reports, "files": files, "result": res}
+
+
+# --- the plain baseline of a workflow (the demo runs each example beside it) ------------------
+# MemoryKit nodes that pass one input through (bypassed, as mode 4 would), by the input they pass.
+_PASSTHROUGH = {"MemoryKitFp8LayerwiseCast": "model", "MemoryKitGroupOffload": "model",
+                "MemoryKitBalancedDeviceMap": "model", "MemoryKitFreeMemory": "value"}
+# Nodes replaced by core's plain node of the same job.
+_CORE_EQUIVALENT = {"MemoryKitTiledVAEDecode": ("VAEDecode", ("samples", "vae")),
+                    "MemoryKitTiledVAEEncode": ("VAEEncode", ("pixels", "vae"))}
+# A sharded model folder → the single file core loads it from (the generated shards are split
+# from these files), and which output of that loader carries it.
+_SHARDED_PLAIN = {
+    "mk_sd15_tiny_unet_sharded": ({"class_type": "CheckpointLoaderSimple",
+                                   "inputs": {"ckpt_name": "mk_sd15_tiny.safetensors"}}, 0),
+    "mk_sd15_clip_l_sharded": ({"class_type": "CheckpointLoaderSimple",
+                                "inputs": {"ckpt_name": "mk_sd15_tiny.safetensors"}}, 1),
+    "mk_flux_tiny_sharded": ({"class_type": "UNETLoader",
+                              "inputs": {"unet_name": "mk_flux_tiny.safetensors", "weight_dtype": "default"}}, 0),
+}
+
+
+def plain_prompt(api: dict) -> dict:
+    """The same prompt without MemoryKit's techniques: pass-through nodes bypassed (their
+    consumers take their input), Tiled VAE replaced by core's VAE Decode/Encode, a MemoryKit
+    loader replaced by core's plain loader of the same model, Save Sharded dropped. Memory
+    Report nodes stay: they are how the peak is read. Raises KeyError for a sharded model with
+    no plain file known."""
+    api = json.loads(json.dumps(api))
+    redirect: dict[tuple[str, int], list] = {}
+    for nid, n in list(api.items()):
+        ct, inp = n["class_type"], n["inputs"]
+        if ct in _PASSTHROUGH:
+            redirect[(nid, 0)] = inp[_PASSTHROUGH[ct]]
+            del api[nid]
+        elif ct in _CORE_EQUIVALENT:
+            core, names = _CORE_EQUIVALENT[ct]
+            api[nid] = {"class_type": core, "inputs": {k: inp[k] for k in names}}
+        elif ct == "MemoryKitGroupOffloadLoader":
+            api[nid] = {"class_type": "UNETLoader", "inputs": {"unet_name": inp["unet_name"],
+                                                               "weight_dtype": inp.get("weight_dtype", "default")}}
+        elif ct in ("MemoryKitShardedCheckpointLoader", "MemoryKitShardedTextEncoderLoader"):
+            name = inp.get("model_name") or inp.get("text_encoder_name")
+            loader, slot = _SHARDED_PLAIN[name]
+            new_id = f"{nid}00"
+            api[new_id] = json.loads(json.dumps(loader))
+            redirect[(nid, 0)] = [new_id, slot]
+            del api[nid]
+        elif ct == "MemoryKitSaveSharded":
+            del api[nid]
+
+    def resolve(link):
+        seen = 0
+        while isinstance(link, list) and (link[0], link[1]) in redirect and seen < 100:
+            link, seen = redirect[(link[0], link[1])], seen + 1
+        return link
+
+    for n in api.values():
+        for k, v in list(n["inputs"].items()):
+            if isinstance(v, list) and len(v) == 2 and isinstance(v[0], str):
+                n["inputs"][k] = resolve(v)
+    # Loaders replaced by the same checkpoint loader twice: keep one.
+    firsts: dict[str, str] = {}
+    for nid in sorted(api, key=lambda i: (len(i), i)):
+        key = json.dumps(api[nid], sort_keys=True)
+        if api[nid]["class_type"].endswith("Loader") or api[nid]["class_type"] == "CheckpointLoaderSimple":
+            if key in firsts:
+                for n in api.values():
+                    for k, v in n["inputs"].items():
+                        if isinstance(v, list) and len(v) == 2 and v[0] == nid:
+                            n["inputs"][k] = [firsts[key], v[1]]
+                del api[nid]
+            else:
+                firsts[key] = nid
+    return api
+
+
+def run_prompt(server: ComfyServer, name: str, prompt: dict, timeout: float = 900) -> dict:
+    """Run an API prompt like :func:`run_example` (same result dict, no output copies)."""
+    memory = paths.memory_module()
+    memory.reset_host_peak(server.pid)
+    t0 = time.time()
+    res = server.run(prompt, timeout=timeout)
+    seconds = time.time() - t0
+    reports = memorykit_reports(res)
+    peak = max([memory.host_memory(server.pid).rss_peak_bytes]
+               + [r["host"]["rss_peak_bytes"] for r in reports.values() if "host" in r])
+    return {"name": name, "status": res.status, "error": res.error, "seconds": seconds,
+            "peak_rss_bytes": peak, "reports": reports, "files": [], "result": res}
