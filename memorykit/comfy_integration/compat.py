@@ -55,6 +55,10 @@ def opt_out_of_dynamic_vram(patcher, node: str):
     return n
 
 
+OPTED_OUT_NOTE = ("dynamic VRAM: this model is taken out of ComfyUI's dynamic VRAM (same loaded weights, "
+                  "no second copy); MemoryKit places its weights")
+
+
 def patcher_free_memory(patcher, device) -> int:
     """Free memory on ``device`` (bytes) as core would offer it to ``patcher``'s model.
 

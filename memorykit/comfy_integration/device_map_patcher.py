@@ -20,7 +20,7 @@ from .. import device_map as dmap
 from ..device_dispatch import dispatch_device_map
 from . import placement
 from .common import loaded_models
-from .compat import opt_out_of_dynamic_vram
+from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
 
 DEVICE_MAP_ATTACHMENT = "memorykit_device_map"
 # ComfyUI passes transformer_options (patches, wrappers, callbacks) down every forward; its
@@ -218,5 +218,8 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     lines += dmap.summarize_device_map(device_map, diffusion_model)
     if missing:
         lines.append(f"NOTE: {', '.join(missing)} not on this machine: preview only, sampling will fail")
+    if is_dynamic(model):
+        rep["notes"] = [OPTED_OUT_NOTE]
+        lines.append(OPTED_OUT_NOTE)
     text = "\n".join(lines + ["", format_report(rep)])
     return clone, rep, text

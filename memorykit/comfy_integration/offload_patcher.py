@@ -27,7 +27,7 @@ import comfy.utils
 from .. import badge, offload, offload_plan, report
 from . import placement
 from .common import loaded_models, weight_dtype_options
-from .compat import opt_out_of_dynamic_vram, patcher_free_memory
+from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram, patcher_free_memory
 
 _log = logging.getLogger("MemoryKit")
 GROUP_OFFLOAD_KEY = "memorykit_group_offload"
@@ -290,9 +290,12 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
     if torch.device(n.load_device).type == "cpu":
         opts = dataclasses.replace(opts, use_stream=False, record_stream=False)
     preview = offload_plan.plan_offload(dm, opts, budget, comfy_block_lists(dm))
-    return n, {"status": "planned (applied when sampling loads the model)", "options": _options_info(settings),
-               "disk_folder": settings.disk_folder or default_disk_folder(), "plan": preview.as_dict(),
-               "model_bytes": n.model_size()}
+    info = {"status": "planned (applied when sampling loads the model)", "options": _options_info(settings),
+            "disk_folder": settings.disk_folder or default_disk_folder(), "plan": preview.as_dict(),
+            "model_bytes": n.model_size()}
+    if is_dynamic(model):
+        info["notes"] = [OPTED_OUT_NOTE]
+    return n, info
 
 
 def load_group_offload_model(unet_name: str, weight_dtype: str, settings: GroupOffloadSettings):
