@@ -129,11 +129,14 @@ async function restoreCached(ids) {
   if (!want.length) return;
   let history;
   try {
-    history = await api.getHistory?.(64);
+    // The server's own format ({prompt_id: {prompt: [number, id, prompt, extra, outputs], outputs}}),
+    // the same on every frontend (api.getHistory's shape changed between frontends).
+    const res = await api.fetchApi("/history?max_items=64");
+    history = await res.json();
   } catch (err) {
     return;
   }
-  const items = (history?.History ?? (Array.isArray(history) ? history : Object.values(history ?? {})));
+  const items = Object.values(history ?? {});
   // Newest first; an entry's prompt must hold the same node type under that id.
   const sorted = [...items].sort((a, b) => (b.prompt?.[0] ?? 0) - (a.prompt?.[0] ?? 0));
   for (const node of want) {
