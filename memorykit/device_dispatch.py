@@ -9,6 +9,11 @@ back on the device it had before (accelerate's removal only restores offloaded t
 ``forward`` attributes accelerate's removal leaves on each hooked module are dropped (so a
 module copied from it later runs its own class's forward), the ``hf_device_map`` attribute is
 dropped and the offload folder is deleted.
+
+Weights mapped to ``disk`` are written here, in accelerate's offload format (``<name>.dat`` +
+``index.json``, read back by accelerate), with plain file writes after a free-space check:
+accelerate's own writer fills memory-mapped files, and a full tmpfs kills the process with
+SIGBUS instead of raising an error.
 """
 from __future__ import annotations
 
@@ -19,9 +24,11 @@ import torch
 from accelerate import dispatch_model
 from accelerate.hooks import remove_hook_from_module
 from accelerate.utils import set_module_tensor_to_device
+from accelerate.utils.offload import extract_submodules_state_dict, save_offload_index
 
 from . import leftovers
 from .device_map import OFFLOAD_DEVICES, Device, device_name, main_device as default_main_device
+from .offload import check_disk_folder
 
 OFFLOAD_DIR_PREFIX = "memorykit-devicemap-"
 
@@ -124,6 +131,30 @@ def _expand_root(module: torch.nn.Module, device_map: dict) -> dict:
     return {n: d for n in names} or dict(device_map)
 
 
+def disk_state_dict(module: torch.nn.Module, device_map: dict) -> dict:
+    """The tensors of ``module`` a map puts on ``disk`` (state-dict names), as ``dispatch_model`` offloads them."""
+    disk = [n for n, d in _expand_root(module, device_map).items() if d == "disk"]
+    return extract_submodules_state_dict(module.state_dict(), disk) if disk else {}
+
+
+def _write_offload_files(folder: str, state_dict: dict) -> None:
+    """``state_dict`` in accelerate's offload format (``accelerate.utils.offload.offload_weight``:
+    raw ``<name>.dat`` per tensor, bf16 as int16 and fp8 as int8, ``index.json``), written with
+    plain file writes, so a full disk raises OSError."""
+    index = {}
+    for name, t in state_dict.items():
+        dtype = None
+        if t.dtype == torch.bfloat16:
+            t, dtype = t.view(torch.int16), "bfloat16"
+        elif str(t.dtype).startswith("torch.float8_"):
+            t, dtype = t.view(torch.int8), str(t.dtype).split(".")[1]
+        array = t.detach().cpu().contiguous().numpy()
+        index[name] = {"dtype": dtype or str(array.dtype), "shape": list(array.shape)}
+        with open(os.path.join(folder, f"{name}.dat"), "wb") as f:
+            f.write(memoryview(array.reshape(-1)).cast("B"))
+    save_offload_index(index, folder)
+
+
 def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folder: str | None = None,
                         main_device: Device | None = None, skip_keys: list[str] | None = None) -> DispatchedModel:
     """Place ``module`` according to ``device_map`` with ``accelerate.dispatch_model``.
@@ -131,7 +162,8 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
     ``device_map``: a full map of ``module`` (see :func:`memorykit.device_map.validate_device_map`).
     ``offload_folder``: parent folder for ``disk`` entries; a new folder unique to this dispatch
     (``memorykit-devicemap-*``) is made inside it (default: the system temp folder) and removed
-    by :meth:`DispatchedModel.remove`. ``main_device``: where inputs go and offloaded entries are
+    by :meth:`DispatchedModel.remove`; it must exist, be writable and have room for the disk
+    weights (+ 256 MiB). ``main_device``: where inputs go and offloaded entries are
     computed (default: the first GPU in map order, else cpu). ``skip_keys``: keyword arguments
     (and dict keys) the hooks pass through without moving tensors inside them.
 
@@ -139,8 +171,9 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
     moves its inputs to the main device and its outputs back to the input's device.
 
     Raises RuntimeError when a device is missing, when a device runs out of memory (the message
-    names it; the module is left as it was), and ValueError when the module is already
-    dispatched. On any error nothing is left behind (hooks, moved tensors, offload files).
+    names it; the module is left as it was), when the offload folder is missing, not writable,
+    too small or fills up while writing, and ValueError when the module is already dispatched.
+    On any error nothing is left behind (hooks, moved tensors, offload files).
     """
     if is_dispatched(module):
         raise ValueError(f"{type(module).__name__} already carries a device map (hf_device_map / accelerate "
@@ -151,12 +184,20 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
     own_forwards = _instance_forwards(module)
     offload_dir = None
     if "disk" in device_map.values():
-        parent = offload_folder or tempfile.gettempdir()
+        disk_weights = disk_state_dict(module, device_map)
+        need = sum(t.numel() * t.element_size() for t in disk_weights.values())
+        parent = check_disk_folder(offload_folder or tempfile.gettempdir(), need, what="offload_folder")
         try:
-            os.makedirs(parent, exist_ok=True)
             offload_dir = leftovers.make_folder(OFFLOAD_DIR_PREFIX, parent)
         except OSError as e:
             raise RuntimeError(f"cannot create an offload folder in {parent!r}: {e}") from None
+        try:
+            _write_offload_files(offload_dir, disk_weights)
+        except OSError as e:
+            leftovers.remove_folder(offload_dir)
+            raise RuntimeError(f"writing the disk weights to {offload_dir!r} failed ({e.strerror or e}): free space "
+                               "in the offload folder or choose another one.") from None
+        del disk_weights
     try:
         dispatch_model(module, device_map=_expand_root(module, device_map), main_device=main, offload_dir=offload_dir,
                        skip_keys=skip_keys, force_hooks=True)

@@ -35,6 +35,7 @@ Device = Union[int, str]
 STRATEGIES = ("balanced", "balanced_low_0", "sequential")
 OFFLOAD_DEVICES = ("cpu", "disk")
 GIB = float(1 << 30)
+MAX_BUDGET_BYTES = 1 << 60  # 1 EiB: no device has more; larger sizes are typos
 
 _GPU_RE = re.compile(r"^(?:cuda:)?(\d+)$")
 
@@ -101,8 +102,8 @@ def parse_max_memory(text: str) -> MaxMemory:
     size as accelerate's ``convert_file_size_to_int`` reads it (``GiB``/``MiB``/``KiB`` are
     powers of 2, ``GB``/``MB``/``KB`` powers of 10, a lower-case ``b`` means bits, a bare
     number is bytes). ``disk`` takes no size (a value, if given, is ignored: disk is unbounded
-    in accelerate). Raises ValueError naming the bad entry: unknown device, malformed size,
-    a device given twice, or no entry.
+    in accelerate). Raises ValueError naming the bad entry: unknown device, malformed or
+    infinite size, a size over 1 EiB, a device given twice, or no entry.
     """
     text = (text or "").strip()
     if text.lower() in ("", "auto"):
@@ -125,11 +126,14 @@ def parse_max_memory(text: str) -> MaxMemory:
         size = size.strip().replace(" ", "")
         try:
             n = convert_file_size_to_int(int(size) if size.isdigit() else size)
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: a float size that is infinite (1e400GiB)
             n = -1
         if n <= 0:
             raise ValueError(f"max_memory entry {entry!r}: size {size!r} is not valid; use e.g. 20GiB, 512MiB, "
                              "24GB or a number of bytes")
+        if n > MAX_BUDGET_BYTES:
+            raise ValueError(f"max_memory entry {entry!r}: size {size!r} is too large (over 1 EiB); use the "
+                             "memory the device has, e.g. 64GiB")
         if device in budgets:
             raise ValueError(f"max_memory names {device_name(device)} twice ({entry!r})")
         budgets[device] = n
@@ -230,11 +234,15 @@ def _too_small_message(module, device_map: dict, budgets: dict, no_split: list[s
 
 def parse_custom_device_map(text: str) -> dict:
     """JSON text ``{"module name": "cuda:0" | 0 | "cpu" | "disk", ...}`` → dict with parsed devices
-    (see :func:`parse_device`). Raises ValueError for invalid JSON, a non-object, or a bad device."""
+    (see :func:`parse_device`). Raises ValueError for invalid or too deeply nested JSON, a
+    non-object, or a bad device."""
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"custom device map is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ValueError("custom_device_map is nested too deeply to read: write one flat JSON object, module name "
+                         '→ device, e.g. {"blocks.0": "cuda:0", "blocks.1": "cpu"}') from None
     if not isinstance(raw, dict) or not raw:
         raise ValueError('custom device map must be a JSON object like {"double_blocks": "cuda:0", '
                          '"single_blocks": "cuda:1", ...}')

@@ -78,28 +78,28 @@ def _move_(t: torch.Tensor, device: torch.device) -> None:
         t.data = t.data.to(device)
 
 
-def check_disk_folder(folder: str | os.PathLike, need_bytes: int = 0) -> str:
+def check_disk_folder(folder: str | os.PathLike, need_bytes: int = 0, what: str = "Disk offload folder") -> str:
     """Check that ``folder`` can take ``need_bytes`` of offload files; return its absolute path.
 
     Writability is tested by creating a file (so it also holds for root). Raises RuntimeError
     saying what to fix when the folder is missing, not a folder, not writable, or has less than
-    ``need_bytes`` + 256 MiB free.
+    ``need_bytes`` + 256 MiB free. ``what`` names the folder in messages (a node's field name).
     """
     path = os.path.abspath(os.path.expanduser(str(folder)))
     if not os.path.exists(path):
-        raise RuntimeError(f"Disk offload folder {path!r} does not exist: create it or choose another folder.")
+        raise RuntimeError(f"{what} {path!r} does not exist: create it or choose another folder.")
     if not os.path.isdir(path):
-        raise RuntimeError(f"Disk offload folder {path!r} is not a folder: choose a folder.")
+        raise RuntimeError(f"{what} {path!r} is not a folder: choose a folder.")
     try:
         fd, probe = tempfile.mkstemp(prefix=".memorykit-probe-", dir=path)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise RuntimeError(f"Disk offload folder {path!r} is not writable ({e.strerror}): "
+        raise RuntimeError(f"{what} {path!r} is not writable ({e.strerror}): "
                            "choose a writable folder.") from None
     free = shutil.disk_usage(path).free
     if need_bytes and free < need_bytes + DISK_MARGIN_BYTES:
-        raise RuntimeError(f"Disk offload folder {path!r} has {free / 2**30:.2f} GiB free; the offloaded weights "
+        raise RuntimeError(f"{what} {path!r} has {free / 2**30:.2f} GiB free; the offloaded weights "
                            f"need {need_bytes / 2**30:.2f} GiB (+0.25 GiB margin): free space or choose another folder.")
     return path
 

@@ -111,6 +111,8 @@ def test_auto_on_this_machine_plans_only_present_devices(node, comfy):
     ("cuda:0=lots", ["lots", "not valid"]),
     ("cuda:0", ["no size"]),
     ("cuda:0=20GiB, cuda:0=10GiB", ["cuda:0 twice"]),
+    ("cpu=1e400GiB", ["max_memory", "1e400GiB", "not valid"]),  # issue 14, item 12: was OverflowError
+    ("cpu=1e30GiB", ["max_memory", "1e30GiB", "too large"]),
 ])
 def test_bad_max_memory_is_a_clear_error(node, metas, max_memory, words):
     with pytest.raises(ValueError) as e:
@@ -138,6 +140,8 @@ def test_budget_too_small_for_the_largest_block(node, metas, strategy):
     ('{"": "gpu1"}', ["unknown device", "gpu1"]),
     ('{"": "cpu",}', ["not valid JSON"]),
     ('{"": "cpu", "final_layer": "disk"}', ["overlap"]),
+    ('{"a": ' * 100_000 + '"cpu"' + "}" * 100_000, ["custom_device_map", "nested"]),  # issue 14, item 12: was RecursionError
+    ("[" * 100_000 + "]" * 100_000, ["custom_device_map", "nested"]),
 ])
 def test_bad_custom_map_is_a_clear_error(node, metas, custom, words):
     with pytest.raises(ValueError) as e:

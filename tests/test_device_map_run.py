@@ -240,3 +240,42 @@ def test_flux_forward_with_a_disk_map_equals_plain(comfy, fixture_models, tmp_pa
     assert os.listdir(tmp_path) == []
     assert _digests(module) == before
     assert not any(hasattr(m, "_hf_hook") for m in module.modules())
+
+
+def test_disk_weights_round_trip_in_every_dtype(comfy, tmp_path):
+    """The disk files are written by device_dispatch in accelerate's format and read back by
+    accelerate: bf16 and fp8 tensors included, forward equal, values restored exactly."""
+    from comfyui_memorykit.memorykit import device_dispatch
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)).to(torch.bfloat16)
+    module[0].register_buffer("fp8", torch.randn(3, 5).to(torch.float8_e4m3fn))
+    module[0].register_buffer("scalar", torch.tensor(2.5))
+    snap = snapshot(module)
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    ref = module(x)
+    handle = device_dispatch.dispatch_device_map(module, {"0": "disk", "1": "cpu"},
+                                                 str(tmp_path))
+    try:
+        assert module[0].weight.device.type == "meta"
+        assert torch.equal(module(x), ref)
+    finally:
+        handle.remove()
+    assert_restored(module, snap)
+    assert os.listdir(tmp_path) == []
+
+
+def test_full_offload_folder_is_an_error_and_leaves_nothing(comfy, wan, tmp_path):
+    """Issue 14, item 3, below the node: too little room is refused before writing, and a write
+    that fails anyway (the disk filled meanwhile) is a RuntimeError, never SIGBUS."""
+    from harness.tmpfs import small_tmpfs
+
+    from comfyui_memorykit.memorykit import device_dispatch
+    module = wan.model.diffusion_model
+    snap = snapshot(module)
+    with small_tmpfs(tmp_path / "tmpfs", "1m") as mnt:
+        with pytest.raises(RuntimeError, match="offload_folder .* free"):
+            device_dispatch.dispatch_device_map(module, {"": "disk"}, str(mnt))
+        assert os.listdir(mnt) == []
+        assert_restored(module, snap)
+        with pytest.raises(OSError):  # the writer itself: ENOSPC is an error
+            device_dispatch._write_offload_files(str(mnt), module.state_dict())

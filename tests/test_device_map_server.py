@@ -5,6 +5,7 @@ offload folder after ``/free``."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -135,6 +136,10 @@ def test_sd15_cpu_disk_map_equals_plain_exactly(server, fixture_models):
     ({**WAN_DM, "custom_device_map": json.dumps({"patch_embedding": "cpu", "blocks": "disk"})}, ["leaves out", "head"]),
     # planned fine, fails when ComfyUI loads the model: the device does not exist here
     ({**WAN_DM, "custom_device_map": json.dumps({**WAN_CUSTOM, "head": "cuda:7"})}, ["cuda:7"]),
+    # issue 14, item 12: refused like Group Offload's disk_folder (it used to be created silently)
+    ({**WAN_DM, "offload_folder": "/nonexistent-mk-folder/offload"}, ["offload_folder", "does not exist"]),
+    ({**WAN_DM, "max_memory": "cpu=1e400GiB, disk"}, ["max_memory", "not valid"]),
+    ({**WAN_DM, "custom_device_map": '{"a": ' * 100_000 + '"cpu"' + "}" * 100_000}, ["custom_device_map", "nested"]),
 ])
 def test_bad_input_is_shown_and_the_server_keeps_working(server, fixture_models, dm, words):
     if torch.cuda.device_count() > 7:
@@ -146,4 +151,24 @@ def test_bad_input_is_shown_and_the_server_keeps_working(server, fixture_models,
     free_and_wait(server)
     assert offload_folders(server) == []
     ok = server.run(wan_prompt({"plain": None}))
+    assert ok.status == "success", ok.error
+
+
+@pytest.fixture()
+def small_tmpfs(tmp_path):
+    from harness.tmpfs import small_tmpfs
+    with small_tmpfs(tmp_path / "tmpfs", "30m") as mnt:
+        yield mnt
+
+
+def test_full_disk_is_an_error_and_the_server_keeps_working(server, fixture_models, small_tmpfs):
+    """Issue 14, item 3: a 98 MB UNet mapped to disk on a 30 MB tmpfs is refused with a message
+    naming offload_folder (it used to kill the server with SIGBUS); nothing is left there."""
+    dm = {**SD15_DM, "max_memory": "cpu=1KiB, disk", "offload_folder": str(small_tmpfs)}
+    r = server.run(sd15_prompt({"mapped": dm}))
+    assert r.status == "error", r.status
+    msg = r.error["exception_message"]
+    assert "offload_folder" in msg and str(small_tmpfs) in msg and "free" in msg, msg
+    assert os.listdir(small_tmpfs) == []
+    ok = server.run(sd15_prompt({"plain": None}))
     assert ok.status == "success", ok.error

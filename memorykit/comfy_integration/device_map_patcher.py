@@ -18,6 +18,7 @@ import torch
 
 from .. import device_map as dmap
 from ..device_dispatch import dispatch_device_map
+from ..offload import check_disk_folder
 from . import placement
 from .common import loaded_models
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
@@ -170,8 +171,12 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     "disk"), ``strategy``, ``max_memory`` (budgets in bytes after balancing, keyed by device
     name; None for a custom map), ``no_split_module_classes``, ``bytes_per_device``,
     ``main_device``, ``offload_folder``, ``missing_devices``. Raises ValueError for bad input
-    (see :mod:`memorykit.device_map`).
+    (see :mod:`memorykit.device_map`), RuntimeError naming ``offload_folder`` when the map puts
+    weights on disk and that folder is missing or not writable (as Group Offload's
+    ``disk_folder``; free space is checked when the map is applied, before anything is written).
     """
+    import os
+
     import folder_paths
     from ..report import build_report, format_report
 
@@ -191,7 +196,14 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
         raise ValueError("ComfyUI's UNet (SD1.x/SDXL) joins skip connections of its blocks in its own forward, so "
                          f"its blocks cannot run on different GPUs ({', '.join(map(dmap.device_name, gpus))}); use "
                          "one GPU plus cpu/disk, e.g. cuda:0=6GiB, cpu=32GiB")
-    folder = (offload_folder or "").strip() or folder_paths.get_temp_directory()
+    folder = (offload_folder or "").strip()
+    per_device = dmap.bytes_per_device(diffusion_model, device_map)
+    if "disk" in per_device:
+        if not folder:  # ComfyUI's temp folder: deleted at start-up and exit, made on demand
+            folder = folder_paths.get_temp_directory()
+            os.makedirs(folder, exist_ok=True)
+        folder = check_disk_folder(folder, what="offload_folder")
+    folder = folder or folder_paths.get_temp_directory()
     plan = DeviceMapPlan(device_map, main, folder)
     clone = opt_out_of_dynamic_vram(model, "Balanced Device Map")
     clone.__class__ = _device_map_patcher_class(type(clone))
@@ -199,7 +211,6 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
 
     n_cuda = torch.cuda.device_count()
     missing = [dmap.device_name(d) for d in gpus if isinstance(d, int) and d >= n_cuda]
-    per_device = dmap.bytes_per_device(diffusion_model, device_map)
     rep = build_report("Balanced Device Map", loaded_models())
     rep.update({
         "device_map": dict(device_map),
