@@ -165,17 +165,16 @@ def scaled_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | N
         return F.linear(x, weight, bias)
     if weight.dtype == torch.float16:
         return F.linear(x, _times_scale(weight, scale), bias)
-    out_numel = x.numel() // max(1, x.shape[-1]) * weight.shape[0]
-    sizes = {"weight": weight.numel(), "output": out_numel}
-    if scale.ndim == 0:
-        sizes["input"] = x.numel()
-    where = min(sizes, key=sizes.get)
-    if where == "input":
-        return F.linear(_times_scale(x, scale), weight, bias)
-    if where == "output":
+    # Plain comparisons (ties: weight, then output): torch.compile traces them with dynamic
+    # shapes, where ``min(sizes, key=sizes.get)`` broke the graph at every Linear (item 15).
+    n_weight, n_in = weight.numel(), x.numel()
+    n_out = n_in // max(1, x.shape[-1]) * weight.shape[0]
+    if n_weight <= n_out and (scale.ndim != 0 or n_weight <= n_in):
+        return F.linear(x, _times_scale(weight, scale), bias)
+    if scale.ndim != 0 or n_out <= n_in:
         y = F.linear(x, weight).to(torch.float32) * scale.to(device=x.device, dtype=torch.float32).reshape(-1)
         return (y if bias is None else y + bias).to(x.dtype)
-    return F.linear(x, _times_scale(weight, scale), bias)
+    return F.linear(_times_scale(x, scale), weight, bias)
 
 
 def fp8_matmul_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -13,8 +13,14 @@ one block per group. That costs the 1.13-1.25x over the PCIe floor measured in
   alignment; torch's pinned allocator would round each buffer up to a power of two), so one
   group is one host-to-device copy;
 - the onload device holds one preallocated ring buffer of ``ring_bytes``; groups take
-  512-byte aligned regions of it in execution order (FIFO, wrapping at the end) and their
-  parameters become views of their region while they are there;
+  512-byte aligned regions of it in execution order (FIFO, wrapping at the end); their
+  parameters become views of their region only while their forward runs (pre-hook to hook),
+  and point at the host copies otherwise, so a reference taken outside the forward (model
+  merging, LoRA key patches) never aliases a region that is later reused;
+- a group whose forward did not run during the first forward (its parent read the weight
+  without calling it: ``nn.MultiheadAttention.out_proj``, ``F.linear(x, self.proj.weight)``)
+  is taken out of the ring and kept resident on the onload device from then on: its reads
+  cannot be ordered after a copy;
 - ordering uses events only, never the host: the copy stream waits for the ``done`` event
   (recorded on the compute stream after the forward of the group that last used a region)
   before overwriting it, and the compute stream waits for a group's ``ready`` event (recorded
@@ -40,13 +46,16 @@ from .offload_plan import ALIGN_BYTES, packed_layout
 
 log = logging.getLogger(__name__)
 
-HOST, PENDING, ACTIVE, RAN = "host", "pending", "active", "ran"  # group states, see _Group
+HOST, PENDING, ACTIVE, RAN, RESIDENT = "host", "pending", "active", "ran", "resident"  # group states, see _Group
 
 
 @dataclass(eq=False)
 class _Group:
     """One streamed group. ``state``: HOST (only on the host), PENDING (copy issued, not run
-    since), ACTIVE (its forward is running), RAN (in the ring, ran since its copy)."""
+    since), ACTIVE (its forward is running), RAN (in the ring, ran since its copy), RESIDENT
+    (taken out of the ring for good: its forward never ran, see :meth:`EventRing._end`).
+    ``dev``: the views of its ring region while it has one; its tensors point at them only
+    while the group is ACTIVE."""
 
     index: int
     modules: list[nn.Module]
@@ -55,6 +64,7 @@ class _Group:
     nbytes: int
     host: list[torch.Tensor] = field(default_factory=list)
     buffer: torch.Tensor | None = None
+    dev: list[torch.Tensor] = field(default_factory=list)
     locked_ptr: int | None = None
     state: str = HOST
     start: int = -1
@@ -129,6 +139,7 @@ class EventRing:
         self.copied_bytes = 0
         self.copied_last_forward = 0
         self.forwards = 0
+        self.resident_groups = 0
         self.order = list(range(len(self.groups)))
         self._trace: list[int] = []
         self._cursor = 0
@@ -183,7 +194,7 @@ class EventRing:
         for g in self.groups:
             for t, host in zip(g.tensors, g.host):
                 t.data = torch.empty_like(host, device="cpu").copy_(host) if g.buffer is not None else host
-            g.host, g.state = [], HOST
+            g.host, g.dev, g.state = [], [], HOST
             if g.locked_ptr is not None:
                 if not cuda_ok(torch.cuda.cudart().cudaHostUnregister(g.locked_ptr)):
                     log.warning("cudaHostUnregister failed for a group buffer at 0x%x", g.locked_ptr)
@@ -214,12 +225,33 @@ class EventRing:
     def _end(self) -> None:
         if self._trace and self._trace != self.order:
             self.order = list(self._trace)
+        if self.forwards == 1:
+            self._keep_unrun_resident(set(self._trace))
+
+    def _keep_unrun_resident(self, ran: set[int]) -> None:
+        """Take every group whose forward did not run in the first forward out of the ring:
+        its tensors get their own copy on the onload device (issue 14 item 10)."""
+        for g in self.groups:
+            if g.index in ran or g.state == RESIDENT:
+                continue
+            if g in self._occupants:
+                self._occupants.remove(g)
+            if self.events:
+                torch.cuda.current_stream(self.device).wait_event(g.ready)
+            for t, host in zip(g.tensors, g.host):
+                t.data = host.to(self.device, copy=True)
+            g.dev, g.start, g.state = [], -1, RESIDENT
+            self.resident_groups += 1
 
     def _pre(self, g: _Group) -> None:
         if g.state == HOST:
             self._load(g, demand=True)
+        if g.state == RESIDENT:
+            return
         if self.events:
             torch.cuda.current_stream(self.device).wait_event(g.ready)
+        for t, d in zip(g.tensors, g.dev):
+            t.data = d
         g.state = ACTIVE
         if self._last is g:
             return
@@ -231,8 +263,12 @@ class EventRing:
             self._prefetch(pos, g)
 
     def _post(self, g: _Group) -> None:
+        if g.state == RESIDENT:
+            return
         if self.events:
             g.done.record(torch.cuda.current_stream(self.device))
+        for t, host in zip(g.tensors, g.host):
+            t.data = host
         g.state = RAN
 
     def _position(self, index: int) -> int | None:
@@ -254,6 +290,8 @@ class EventRing:
             ahead += h.nbytes
             if h is current or ahead > self.ring_bytes:  # beyond the ring nothing more can be held
                 return
+            if h.state == RESIDENT:
+                continue
             if h.state == RAN:  # still in the ring from its last use: keep it
                 h.state = PENDING
             elif h.state == HOST and not self._load(h, demand=False):
@@ -274,9 +312,7 @@ class EventRing:
         for v in victims:
             if self.events:  # also for a PENDING victim: its last run's kernels may still read the region
                 self.copy_stream.wait_event(v.done)  # (an event never recorded is a no-op wait)
-            for t, host in zip(v.tensors, v.host):
-                t.data = host
-            v.state, v.start = HOST, -1
+            v.dev, v.state, v.start = [], HOST, -1
             self._occupants.remove(v)
         g.start, self._head = start, end
         dev = [_view(self.ring, start + o, t) for t, o in zip(g.tensors, g.offsets)]
@@ -289,8 +325,7 @@ class EventRing:
                     d.copy_(host, non_blocking=self.cuda)
             if self.events:
                 g.ready.record(self.copy_stream)
-        for t, d in zip(g.tensors, dev):
-            t.data = d
+        g.dev = dev
         g.state = PENDING
         self._occupants.append(g)
         self.copied_bytes += n
@@ -299,11 +334,15 @@ class EventRing:
 
     def figures(self) -> dict:
         """``groups``, ``ring_bytes``, ``streamed_bytes`` (packed), ``pinned_host_bytes``
-        (page-locked now), ``copied_bytes`` (since apply) and ``copied_bytes_last_forward``
-        (copies issued during the last forward, prefetches for the next one included)."""
+        (page-locked now), ``copied_bytes`` (since apply), ``copied_bytes_last_forward``
+        (copies issued during the last forward, prefetches for the next one included),
+        ``resident_groups`` / ``resident_bytes`` (groups kept on the onload device because
+        their forward never ran, outside the ring)."""
         return {"groups": len(self.groups), "ring_bytes": self.ring_bytes,
                 "streamed_bytes": sum(g.nbytes for g in self.groups), "pinned_host_bytes": self.pinned_bytes,
                 "copied_bytes": self.copied_bytes, "copied_bytes_last_forward": self.copied_last_forward,
+                "resident_groups": self.resident_groups,
+                "resident_bytes": sum(g.nbytes for g in self.groups if g.state == RESIDENT),
                 "align_bytes": ALIGN_BYTES}
 
 
