@@ -32,10 +32,6 @@ TEMPLATE = "free_memory_sd15"
 CACHED_EXAMPLE = "fp8_layerwise_sd15"
 
 
-def _frontend_version() -> tuple[int, ...]:
-    from importlib.metadata import version
-    return tuple(int(x) for x in version("comfyui-frontend-package").split(".")[:2])
-
 
 # --- fixtures -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
@@ -257,9 +253,8 @@ def _cached_ids(entry: dict) -> set[str]:
             for n in msg.get("nodes", [])}
 
 
-@pytest.mark.xfail(_frontend_version() >= (1, 49), strict=False,
-                   reason="known open bug: on frontend 1.49 (ComfyUI 0.33) the cached node's badge is not restored "
-                          "from /history after a page reload")
+@pytest.mark.xfail(strict=False, reason="known open bug: the cached node's badge is not restored from /history "
+                                        "after a page reload (seen on frontends 1.32 and 1.49)")
 def test_cached_rerun_after_reload_shows_last_figures(ui_server, browser, editor, ui_object_info):
     """After a page reload, rerunning an unchanged workflow: nodes ComfyUI reuses (cached) show
     the figures of their last run, marked "cached"; the others show their new figures."""
