@@ -56,6 +56,19 @@ def flux_version_params() -> dict:
     return {"txt_ids_dims": []} if "txt_ids_dims" in names else {}
 
 
+def file_key(model_key: str, file_keys) -> str | None:
+    """The name under which a model file stores the parameter a loaded ComfyUI model calls
+    ``model_key`` (None when absent). The second place the tests meet a version difference:
+    ComfyUI 0.33 renamed Flux's QK-norm parameter ``*_norm.scale`` to ``*_norm.weight`` and renames
+    it on load, so a fixture written by 0.3.75 stores the old name (and one written by 0.33 the new)."""
+    if model_key in file_keys:
+        return model_key
+    for new, old in (("_norm.weight", "_norm.scale"), ("_norm.scale", "_norm.weight")):
+        if model_key.endswith(new) and model_key[:-len(new)] + old in file_keys:
+            return model_key[:-len(new)] + old
+    return None
+
+
 def set_models_dir(models_dir: Path) -> None:
     """Point ComfyUI's model folders (diffusion_models, checkpoints, vae, ...) at ``models_dir``."""
     import folder_paths

@@ -57,10 +57,16 @@ def assert_unchanged(before: dict, module: torch.nn.Module, file, prefix: str = 
     for k, (m, p, dtype) in before.items():
         m2, p2, dtype2 = after[k]
         assert m2 is m and (p2 is p or not same_params) and dtype2 == dtype, f"{k}: the shared module was changed"
+    from safetensors import safe_open
+
+    from . import comfy_env
     seen = set()
+    with safe_open(str(file), framework="pt") as f:
+        names = set(f.keys())
+    by_file_key = {comfy_env.file_key(prefix + k, names): k for k in after}  # the file's name of each parameter
     for key, t in read_tensors(file):
-        k = key[len(prefix):]
-        if key.startswith(prefix) and k in after:
+        k = by_file_key.get(key)
+        if k is not None:
             assert torch.equal(after[k][1].detach(), t.to(after[k][2])), f"{k}: weight values changed"
             seen.add(k)
     assert seen == set(after), set(after) - seen

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from . import comfy_env
+
 
 def _inputs(key: str) -> tuple[tuple, dict]:
     g = torch.Generator().manual_seed(1234)
@@ -46,8 +48,9 @@ class Loaded:
         from safetensors import safe_open
         prefix = "model.diffusion_model." if self.key == "sd15" else ""
         with safe_open(str(self.path), framework="pt") as f:
+            names = set(f.keys())
             for k, v in self.dm.state_dict().items():
-                assert torch.equal(v, f.get_tensor(prefix + k).to(v.dtype)), k
+                assert torch.equal(v, f.get_tensor(comfy_env.file_key(prefix + k, names)).to(v.dtype)), k
         for t in self.tensors():
             assert t.device.type == "cpu" and not t.is_pinned()
             assert id(t) not in self.aligned or t.data_ptr() % 64 == 0
