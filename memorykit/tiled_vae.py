@@ -19,6 +19,7 @@ from torch import nn
 
 from .global_context import GlobalHead, GlobalTail
 from .norm_stats import SharedGroupNormStats, downsample_for_stats
+from .peak_memory import peak_bytes
 from .tiling import AxisMap, TilePlan, plan_tiles
 
 # Fraction of each overlap over which neighbouring tiles cross-fade; the rest of the overlap is
@@ -255,8 +256,9 @@ def steps_for(plan: TilePlan, batch: int, shared_stats: bool, head: bool = False
 @dataclass(frozen=True)
 class TileCost:
     """Working memory of one tile: ``fixed_bytes + per_unit_bytes · units`` where ``units`` is the
-    tile's latent pixels (height × width; a video tile's frames are folded into the cost). ``source``: ``"measured"`` (CUDA peak of probe
-    tiles, :func:`measure_tile_cost`) or ``"modelled"`` (the VAE's own estimate)."""
+    tile's latent pixels (height × width; a video tile's frames are folded into the cost).
+    ``source``: ``"measured"`` (peak of probe tiles, :func:`measure_tile_cost`) or
+    ``"modelled"`` (the VAE's own estimate)."""
 
     fixed_bytes: float
     per_unit_bytes: float
@@ -267,25 +269,22 @@ class TileCost:
 
 
 def measure_tile_cost(fn: Callable[[torch.Tensor], torch.Tensor], make_probe: Callable[[int], torch.Tensor],
-                      device: torch.device, sides: tuple[int, int] = (16, 32)) -> TileCost:
-    """Measure a tile's working memory on a CUDA ``device``: run ``fn(make_probe(side))`` for two
-    square probe tiles (``side`` latent units) and fit a line through their peak allocations above
-    the allocation before the call (``torch.cuda.max_memory_allocated``; this resets the device's
-    peak counter). Raises ValueError off CUDA.
+                      device: torch.device, sides: tuple[int, int] = (16, 32),
+                      context: Callable[[], contextlib.AbstractContextManager] | None = None) -> TileCost:
+    """Measure a tile's working memory on ``device``: run ``fn(make_probe(side))`` for two square
+    probe tiles (``side`` latent units), each inside ``context()`` when given (e.g. the GroupNorm
+    replay hooks the real tiles run under), and fit a line through their peaks (bytes above what
+    was allocated before the call, see :func:`memorykit.peak_memory.peak_bytes`: CUDA's peak
+    counter, which this resets, elsewhere the live tensor bytes of a dispatch mode).
+    The per-unit cost is at least a quarter of the larger probe's average, so a small probe
+    dominated by fixed costs cannot make large tiles look free.
     """
-    device = torch.device(device)
-    if device.type != "cuda":
-        raise ValueError(f"measure_tile_cost needs a CUDA device, got {device}")
     peaks = []
     for side in sides:
         probe = make_probe(side)
-        torch.cuda.synchronize(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        y = fn(probe)
-        torch.cuda.synchronize(device)
-        peaks.append(max(0, torch.cuda.max_memory_allocated(device) - base))
-        del y, probe
+        with context() if context is not None else contextlib.nullcontext():
+            peaks.append(peak_bytes(lambda: fn(probe), device))
+        del probe
     u0, u1 = (s * s for s in sides)
     per = max((peaks[1] - peaks[0]) / (u1 - u0), peaks[1] / u1 / 4)
     fixed = max(0.0, peaks[1] - per * u1)

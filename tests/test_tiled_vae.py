@@ -155,7 +155,7 @@ def test_batch_is_sliced_one_item_at_a_time(sd_vae, ci):
                                   "temporal_overlap", "image_too_small", "tiny_budget"])
 def test_bad_input_is_refused_before_decoding(sd_vae, wan_vae, ci, case):
     calls = []
-    hooks = [m.register_forward_pre_hook(lambda *a: calls.append(1))
+    hooks = [m.register_forward_pre_hook(lambda m, a: calls.append(tuple(a[0].shape[-2:])))
              for m in (sd_vae.first_stage_model.decoder, sd_vae.first_stage_model.encoder,
                        wan_vae.first_stage_model.decoder, wan_vae.first_stage_model.encoder)]
     z = torch.randn(1, 4, 16, 16)
@@ -170,7 +170,8 @@ def test_bad_input_is_refused_before_decoding(sd_vae, wan_vae, ci, case):
         "temporal_overlap": (lambda: ci.tiled_vae_decode(wan_vae, torch.randn(1, 16, 2, 8, 8),
                                                          opts(ci, 64, 16, temporal_size=8, temporal_overlap=8)), "temporal_overlap"),
         "image_too_small": (lambda: ci.tiled_vae_encode(sd_vae, torch.rand(1, 4, 64, 3), opts(ci, 64, 16)), "smaller than one latent"),
-        "tiny_budget": (lambda: ci.tiled_vae_decode(sd_vae, z, opts(ci, 64, 16, memory_budget_gb=0.001)), "memory budget"),
+        "tiny_budget": (lambda: ci.tiled_vae_decode(sd_vae, torch.randn(1, 4, 24, 20), opts(ci, 64, 16, memory_budget_gb=0.001)),
+                        "memory budget"),
     }[case]
     try:
         with torch.inference_mode(), pytest.raises(ValueError, match=run[1]):
@@ -178,22 +179,53 @@ def test_bad_input_is_refused_before_decoding(sd_vae, wan_vae, ci, case):
     finally:
         for h in hooks:
             h.remove()
-    assert not calls, "the VAE ran before the input was refused"
+    if case == "tiny_budget":  # the budget is checked against the measured cost: square probe tiles ran
+        assert calls and all(h == w and h in (2, 8, 16, 32) for h, w in calls), f"the VAE ran on {calls}"
+    else:
+        assert not calls, "the VAE ran before the input was refused"
 
 
 def test_memory_budget_picks_the_largest_tile_that_fits(sd_vae, ci):
-    """On CPU the tile cost is ComfyUI's own model of the SD VAE (per latent pixel); the budget
-    picks the largest square tile whose modelled cost fits, below the requested tile_size."""
+    """With a budget the tile cost is measured, on the CPU too (two probe tiles); the budget
+    picks the largest square tile whose cost fits, below the requested tile_size."""
     z = smooth_latent(4, (24, 28), 8)
-    budget_gb = 0.25
+    budget_gb = 0.05
     with torch.inference_mode():
         out, info = ci.tiled_vae_decode(sd_vae, z, opts(ci, 512, 32, memory_budget_gb=budget_gb))
-    per_unit = sd_vae.memory_used_decode((1, 4, 16, 16), sd_vae.vae_dtype) / 256
+    cost = info["tile_cost_bytes"]
     t = info["tile_limit_px"] // 8
-    assert info["cost_source"] == "modelled" and info["budget_source"] == "memory_budget_gb"
-    assert t * t * per_unit <= budget_gb * 2 ** 30 < (t + 1) * (t + 1) * per_unit
+    fits = lambda n: cost["fixed"] + cost["per_latent_pixel"] * n * n <= budget_gb * 2 ** 30
+    assert info["cost_source"] == "measured" and info["budget_source"] == "memory_budget_gb"
+    assert fits(t) and not fits(t + 1)
     assert max(info["tile_px"]) <= info["tile_limit_px"] < 512
     assert info["tiles_per_item"] > 1 and out.shape == (1, 192, 224, 3)
+
+
+def test_a_budget_fitted_tile_peaks_within_the_budget(sd_vae, ci):
+    """The real peak of every tile (live tensor bytes from the VAE's first layer to its last,
+    with the GroupNorm replay hooks and the global head of the real run) stays within the
+    budget the tile was fitted to."""
+    from comfyui_memorykit.memorykit.peak_memory import LiveTensorBytes
+    model = sd_vae.first_stage_model
+    first = model.post_quant_conv if getattr(model, "post_quant_conv", None) is not None else model.decoder
+    z = smooth_latent(4, (40, 48), 11)
+    budget_gb = 0.04
+    peaks, base = [], []
+    with torch.inference_mode(), LiveTensorBytes("cpu") as meter:
+        hooks = [first.register_forward_pre_hook(lambda m, a: base.append(meter.reset_peak())),
+                 model.decoder.register_forward_hook(lambda m, a, o: peaks.append(meter.peak - base.pop()))]
+        try:
+            out, info = ci.tiled_vae_decode(sd_vae, z, opts(ci, 512, 32, memory_budget_gb=budget_gb))
+        finally:
+            for h in hooks:
+                h.remove()
+    tiles = peaks[-info["tiles_per_item"]:]
+    print(f"\nbudget {budget_gb * 2 ** 30 / 2 ** 20:.1f} MiB, tile {info['tile_px']} px, estimate "
+          f"{info['tile_bytes_estimate'] / 2 ** 20:.1f} MiB, real tile peaks {max(tiles) / 2 ** 20:.1f} MiB max")
+    assert info["cost_source"] == "measured" and info["tiles_per_item"] > 1 and max(info["tile_px"]) < 384
+    assert info["shared_norm_stats"]
+    assert max(tiles) <= info["memory_budget_bytes"]
+    assert out.shape == (1, 320, 384, 3)
 
 
 def test_progress_bar_counts_every_pass(sd_vae, ci):

@@ -89,16 +89,20 @@ def _encode_tails(model) -> list[tuple[torch.nn.Module, int, str]]:
     return []
 
 
-def _head_bytes(vae, fn, module: torch.nn.Module, scale: int, plan, probe) -> float:
-    """Peak working memory of the global-head pass on the whole latent (bytes): measured on CUDA
-    with two probe latents; elsewhere modelled as 4 activations of the module's width at the
+PROBE_SIDES = {True: (16, 32), False: (8, 16)}  # latent pixels, by "the VAE runs on a GPU"
+
+
+def _head_bytes(vae, fn, module: torch.nn.Module, scale: int, plan, probe, measure: bool) -> float:
+    """Peak working memory of the global-head pass on the whole latent (bytes): ``measure``d
+    with two probe latents; else modelled as 4 activations of the module's width at the
     latent resolution plus 3 at its own resolution (``scale``² times more pixels)."""
     from ..global_context import GlobalHead
     n = plan.grid_shape[-1] * plan.grid_shape[-2]
-    if torch.device(vae.device).type == "cuda":
+    if measure:
         def run(z):
             GlobalHead(module, scale=scale).capture(lambda: fn(z), tuple(z.shape[-2:]))
-        return tv.measure_tile_cost(run, probe, vae.device).bytes_for(n)
+        on_gpu = torch.device(vae.device).type != "cpu"
+        return tv.measure_tile_cost(run, probe, vae.device, sides=PROBE_SIDES[on_gpu]).bytes_for(n)
     ch = max((p.shape[0] for p in module.parameters() if p.ndim >= 2), default=512)
     return ch * n * (4 + 3 * scale * scale) * mm.dtype_size(vae.vae_dtype)
 
@@ -116,8 +120,11 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     """Shared body of :func:`tiled_vae_decode` / :func:`tiled_vae_encode` (``x`` channel-first).
 
     Order: validate and plan (errors before any work) → load the VAE through ComfyUI's memory
-    manager asking for the memory of ONE tile → tile cost (measured on CUDA, else modelled)
-    → largest tile within the budget → run.
+    manager asking for the memory of ONE tile → tile cost → largest tile within the budget → run.
+
+    The tile cost is measured (two probe tiles, under the GroupNorm replay hooks the real tiles
+    run under) on CUDA and wherever ``memory_budget_gb`` is set; on the CPU with the budget at
+    0 (0.9 × free RAM, rarely binding) the VAE's own model is used and the probes are skipped.
     """
     import comfy.utils
     shape = vae_shape(vae)
@@ -145,9 +152,18 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     lead = tuple(a.amap.in_span(0, a.length)[1] for a in plan.axes[:-2])  # a tile's frames (input units)
     ch, k = (shape.latent_channels, 1) if direction == "decode" else (3, s)
     probe = lambda t: torch.rand((1, ch) + lead + (t * k, t * k))
+    norm = SharedGroupNormStats(vae.first_stage_model) if opts.shared_norm_stats else None
+    measure = torch.device(vae.device).type == "cuda" or opts.memory_budget_gb > 0
     cost = modelled
-    if torch.device(vae.device).type == "cuda":
-        cost = tv.measure_tile_cost(fn, probe, vae.device)
+    if measure:
+        replay = None
+        if norm is not None and norm.available:
+            with norm.recording():  # statistics for the replay hooks the probes run under
+                fn(probe(2))
+            replay = norm.replaying
+        # Probe tiles of 16 and 32 latent pixels on a GPU; 8 and 16 on a CPU, where each probe
+        # of a full-size VAE costs seconds (the cost is linear in the tile's pixels either way).
+        cost = tv.measure_tile_cost(fn, probe, vae.device, sides=PROBE_SIDES[on_gpu], context=replay)
     grid_hw = plan.grid_shape[-2:]
     min_tile = opts.overlap_px // s + 1
     t = tv.fit_tile(grid_hw, cost, budget, max(1, opts.tile_px // s), min_tile)
@@ -161,7 +177,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     if opts.global_context and plan.num_tiles > 1 and not (shape.video and len(plan.axes[0].starts) > 1):
         if direction == "decode":
             for h in _decode_heads(vae.first_stage_model):
-                if _head_bytes(vae, fn, h[0], h[1], plan, probe) <= budget:
+                if _head_bytes(vae, fn, h[0], h[1], plan, probe, measure) <= budget:
                     head = h
                     break
         else:
@@ -178,7 +194,6 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
         store = ch * grid_hw[0] * grid_hw[1] * head[1] ** 2 * frames * mm.dtype_size(vae.vae_dtype)
         if on_gpu and store + cost.bytes_for(units(plan)) <= budget:
             head_store = vae.device
-    norm = SharedGroupNormStats(vae.first_stage_model) if opts.shared_norm_stats else None
     pbar = comfy.utils.ProgressBar(tv.steps_for(plan, x.shape[0], bool(norm and norm.available), bool(head), bool(tail)))
 
     def on_step():
@@ -204,6 +219,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
         "global_context_kept_on": str(head_store) if head else None,
         "memory_budget_bytes": int(max(0, budget)), "budget_source": budget_source,
         "tile_bytes_estimate": int(cost.bytes_for(units(plan))), "cost_source": cost.source,
+        "tile_cost_bytes": {"fixed": int(cost.fixed_bytes), "per_latent_pixel": int(cost.per_unit_bytes)},
         "seconds": round(time.perf_counter() - t0, 3),
     }
     return out, info
