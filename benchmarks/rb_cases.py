@@ -282,6 +282,50 @@ def mk_offload_cap(ctx: Ctx, res: int, fp8: bool = False, scheduler: str = "memo
             "offload": {k: fig.get(k) for k in keep if k in fig}}
 
 
+def compile_offload_recompiles(ctx: Ctx, res: int) -> dict:
+    """Group Offload (event ring, CUDA streams) under ``torch.compile`` (dynamo with a counting
+    eager backend): load, forward, unload, for more cycles than dynamo's recompile limit
+    (issue 14 item 15: "after an unload, Group Offload + compile recompiles and hits the
+    recompile limit"; not reproduced on the CPU, where ``tests/test_compile.py`` guards it).
+    Figures: graphs compiled in the first cycle and after it, graph breaks, relative L2 of
+    the last compiled output vs the first."""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+    from torch._dynamo.utils import counters
+
+    import comfy.model_management as mm
+    ci, plan = _ci(), _tech("offload_plan")
+    p = _patcher(ctx, build(ctx))
+    cap = apply_cap(ctx, res)
+    opts = plan.GroupOffloadOptions(offload_type="block_level", num_blocks_per_group=1,
+                                    use_stream=ctx.device.type == "cuda")
+    n, _ = ci.prepare_group_offload(p, ci.GroupOffloadSettings(options=opts))
+    torch._dynamo.reset()
+    counters.clear()
+    cc = CompileCounter()
+    cfg = torch._dynamo.config
+    limit = getattr(cfg, "recompile_limit", None) or cfg.cache_size_limit
+    inp = inputs(ctx, res)
+    graphs, outs, applied = [], [], []
+    compiled = None
+    try:
+        for _ in range(limit + 2):
+            _load(n, ctx, res)
+            applied.append(bool(ci.group_offload_state_info(n.model)))
+            if compiled is None:
+                compiled = torch.compile(n.model.diffusion_model, backend=cc)
+            with torch.no_grad():
+                outs.append(compiled(*inp).float().cpu())
+            graphs.append(cc.frame_count)
+            mm.unload_all_models()
+    finally:
+        torch._dynamo.reset()
+    return {**cap, "cycles": len(graphs), "recompile_limit": limit, "offload_applied_every_cycle": all(applied),
+            "graphs_first_cycle": graphs[0], "graphs_after_first_cycle": graphs[-1] - graphs[0],
+            "graph_breaks": sum(counters["graph_break"].values()),
+            "rel_err_last_vs_first": measure.rel_l2(outs[-1], outs[0])}
+
+
 def device_map_cuda0_cpu(ctx: Ctx, res: int) -> dict:
     ci = _ci()
     p = _patcher(ctx, build(ctx))
@@ -502,6 +546,7 @@ def run_case(ctx: Ctx, name: str) -> dict:
         "mk_offload_fp8_cap25_1024": lambda: mk_offload_cap(ctx, res, fp8=True),
         "mk_offload_diffusers_cap25_1024": lambda: mk_offload_cap(ctx, res, scheduler="diffusers"),
         "mk_device_map_cuda0_cpu_1024": lambda: device_map_cuda0_cpu(ctx, res),
+        "compile_offload_recompiles_1024": lambda: compile_offload_recompiles(ctx, res),
         "comfy_fp8_resident_1024": lambda: comfy_fp8_resident(ctx, res),
         "mk_fp8_resident_1024": lambda: mk_fp8_resident(ctx, res),
         "diffusers_block_stream_1024": lambda: diffusers_block_stream(ctx, res),

@@ -56,6 +56,7 @@ PLAN: list[PlannedCase] = [
     PlannedCase("mk_offload_ring_cap25_2048", "legacy", 16, gpu_only=CAP),
     PlannedCase("mk_offload_diffusers_cap25_1024", "legacy", 14, gpu_only=CAP),
     PlannedCase("diffusers_block_stream_1024", "legacy", 14, gpu_only=CAP),
+    PlannedCase("compile_offload_recompiles_1024", "legacy", 40, 10, gpu_only=CAP),
     PlannedCase("anchor_flux", "anchor", 150, 1),
 ]
 

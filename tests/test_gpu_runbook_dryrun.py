@@ -74,6 +74,9 @@ def test_dry_run_figures(first_run):
         assert rows[name]["skipped"].startswith("needs cuda"), rows[name]
         assert rows[name]["rel_err_vs_resident"] == 0.0, rows[name]  # its code path ran, exactly
     assert rows["mk_offload_fp8_cap25_1024"]["rel_err_vs_resident"] < 0.25
+    comp = rows["compile_offload_recompiles_1024"]
+    assert comp["skipped"].startswith("needs cuda") and comp["cycles"] > comp["recompile_limit"], comp
+    assert comp["rel_err_last_vs_first"] == 0.0, comp
     for name in ("core_dynamic_cap25_1024", "fp8_dynamic_cap25_1024", "optout_group_offload_dynamic",
                  "fp8_lora_dynamic_vs_full", "dynamic_budgets", "anchor_flux"):
         assert rows[name]["skipped"].startswith("needs cuda"), rows[name]
