@@ -18,12 +18,22 @@ from harness import workflow  # noqa: E402
 from harness.server import ComfyServer  # noqa: E402
 
 NEG = "blurry, low quality"
+# The real model files the workflows name (a user downloads them, see MODEL_URLS); the tests and
+# the demo map them to generated stand-ins (tests/harness/examples.py, MODEL_FILES).
+SD15_CKPT = "v1-5-pruned-emaonly-fp16.safetensors"
+SD15_VAE = "vae-ft-mse-840000-ema-pruned.safetensors"
+WAN21_UNET = "wan2.1_t2v_1.3B_fp16.safetensors"
+WAN_VAE = "wan_2.1_vae.safetensors"
+# Sharded folders a user makes once with Save Sharded (or any folder of safetensors shards +
+# model.safetensors.index.json, e.g. a Hugging Face repository's text_encoder/ folder).
+SD15_UNET_SHARDED = "sd15_unet_sharded"
+SD15_CLIP_SHARDED = "sd15_clip_l_sharded"
 
 
 def sd15_txt2img(extra_model_nodes=None, decode=None) -> dict:
     """SD1.5 text-to-image at 256², 4 steps, with a Memory Report after sampling and after decoding."""
     p = {
-        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "mk_sd15_tiny.safetensors"}},
+        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": SD15_CKPT}},
         "2": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse at dawn, oil painting", "clip": ["1", 1]}},
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": NEG, "clip": ["1", 1]}},
         "4": {"class_type": "EmptyLatentImage", "inputs": {"width": 256, "height": 256, "batch_size": 1}},
@@ -41,7 +51,7 @@ def sd15_txt2img(extra_model_nodes=None, decode=None) -> dict:
 def wan21_t2v() -> dict:
     """Wan 2.1 text-to-video, 9 frames at 128×128, 4 steps, Memory Reports, animated WEBP."""
     return {
-        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "mk_wan21_tiny.safetensors", "weight_dtype": "default"}},
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": WAN21_UNET, "weight_dtype": "default"}},
         "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "type": "wan"}},
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a red fox running through snow", "clip": ["2", 0]}},
         "4": {"class_type": "CLIPTextEncode", "inputs": {"text": NEG, "clip": ["2", 0]}},
@@ -50,7 +60,7 @@ def wan21_t2v() -> dict:
                                                   "sampler_name": "euler", "scheduler": "simple", "positive": ["3", 0],
                                                   "negative": ["4", 0], "latent_image": ["5", 0], "denoise": 1.0}},
         "7": {"class_type": "MemoryKitMemoryReport", "inputs": {"value": ["6", 0], "label": "after sampling", "reset_peak": True}},
-        "8": {"class_type": "VAELoader", "inputs": {"vae_name": "mk_wan21_vae_tiny.safetensors"}},
+        "8": {"class_type": "VAELoader", "inputs": {"vae_name": WAN_VAE}},
         "9": {"class_type": "VAEDecode", "inputs": {"samples": ["7", 0], "vae": ["8", 0]}},
         "10": {"class_type": "MemoryKitMemoryReport", "inputs": {"value": ["9", 0], "label": "after VAE decode", "reset_peak": True}},
         "11": {"class_type": "SaveAnimatedWEBP", "inputs": {"images": ["10", 0], "filename_prefix": "MemoryKit/wan21",
@@ -87,16 +97,16 @@ def sharded_sd15_txt2img() -> dict:
     safetensors shards + index (Sharded Checkpoint Loader / Sharded Text Encoder Loader)."""
     return {
         "1": {"class_type": "MemoryKitShardedCheckpointLoader",
-              "inputs": {"model_name": "mk_sd15_tiny_unet_sharded", "weight_dtype": "default"}},
+              "inputs": {"model_name": SD15_UNET_SHARDED, "weight_dtype": "default"}},
         "2": {"class_type": "MemoryKitShardedTextEncoderLoader",
-              "inputs": {"text_encoder_name": "mk_sd15_clip_l_sharded", "type": "stable_diffusion", "device": "default"}},
+              "inputs": {"text_encoder_name": SD15_CLIP_SHARDED, "type": "stable_diffusion", "device": "default"}},
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse at dawn, oil painting", "clip": ["2", 0]}},
         "4": {"class_type": "CLIPTextEncode", "inputs": {"text": NEG, "clip": ["2", 0]}},
         "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 256, "height": 256, "batch_size": 1}},
         "6": {"class_type": "KSampler", "inputs": {"model": ["1", 0], "seed": 42, "steps": 4, "cfg": 5.0,
                                                   "sampler_name": "euler", "scheduler": "normal", "positive": ["3", 0],
                                                   "negative": ["4", 0], "latent_image": ["5", 0], "denoise": 1.0}},
-        "7": {"class_type": "VAELoader", "inputs": {"vae_name": "mk_sd15_vae_tiny.safetensors"}},
+        "7": {"class_type": "VAELoader", "inputs": {"vae_name": SD15_VAE}},
         "8": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["7", 0]}},
         "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "MemoryKit/sharded_sd15"}},
     }
@@ -206,6 +216,12 @@ def wan22_two_experts() -> dict:
 
 # Download locations of the real model files the workflows name (properties.models, as core's templates).
 MODEL_URLS = {
+    SD15_CKPT: ("https://huggingface.co/Comfy-Org/stable-diffusion-v1-5-archive/resolve/main/"
+                "v1-5-pruned-emaonly-fp16.safetensors", "checkpoints"),
+    SD15_VAE: ("https://huggingface.co/stabilityai/sd-vae-ft-mse-original/resolve/main/"
+               "vae-ft-mse-840000-ema-pruned.safetensors", "vae"),
+    WAN21_UNET: ("https://huggingface.co/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/"
+                 "diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors", "diffusion_models"),
     "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors": ("https://huggingface.co/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/"
                                                    "main/split_files/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors",
                                                    "diffusion_models"),
@@ -259,12 +275,16 @@ NOTES = {
     "free_memory_sd15": "Free Memory between sampling and decoding: the Memory Report after it lists no "
                         "model. Use it so the next stage starts with free VRAM.",
     "sharded_loaders_sd15": "Sharded loaders: the UNet and CLIP-L loaded from safetensors shards + index, one "
-                            "shard at a time. The badges show shards, size and seconds.",
+                            "shard at a time. The badges show shards, size and seconds. Make the folders once: "
+                            "Load Checkpoint -> Save Sharded (name sd15_unet_sharded) for the UNet; a text "
+                            "encoder folder is any folder of shards + model.safetensors.index.json in "
+                            "models/text_encoders/ (e.g. a Hugging Face repository's text_encoder/).",
     "group_offload_wan21_t2v": "Group Offload: Wan 2.1's blocks kept on disk (or in RAM) and streamed to the "
                                "GPU just in time. The badge shows resident bytes, bytes streamed per forward "
                                "and the peak.",
     "combined_sd15": "Every technique in one graph: sharded loaders -> FP8 Layerwise Cast -> Group Offload -> "
-                     "KSampler -> Tiled VAE Decode -> Memory Report.",
+                     "KSampler -> Tiled VAE Decode -> Memory Report. The sharded folders are made as in the "
+                     "sharded_loaders_sd15 template.",
     "tiled_vae_sd15": "Tiled VAE Decode: the image decoded in overlapping tiles (here 128 px: a 3x3 grid), seams "
                       "cross-faded. The badge shows the tile grid and the peak memory.",
     "wan22_two_experts_on_32gb_ram": "Wan 2.2 two experts on 32 GB RAM: the high-noise and the low-noise 14B "
@@ -277,9 +297,12 @@ NOTES = {
 
 
 def add_note(ui: dict, text: str) -> dict:
-    """Add a Note node (top left, above the graph) saying what the workflow shows; returns ``ui``."""
-    if any(n["type"] == "Note" for n in ui["nodes"]):
-        return ui
+    """Add a Note node (top left, above the graph) saying what the workflow shows, or set the
+    text of the one there; returns ``ui``."""
+    for n in ui["nodes"]:
+        if n["type"] == "Note":
+            n["widgets_values"] = [text]
+            return ui
     nid = int(ui.get("last_node_id") or max(n["id"] for n in ui["nodes"])) + 1
     x = min(n["pos"][0] for n in ui["nodes"])
     y = min(n["pos"][1] for n in ui["nodes"])

@@ -61,6 +61,27 @@ def test_example_workflows_are_ui_format():
         assert any(n["type"].startswith("MemoryKit") for n in ui["nodes"]), f"{f.name} uses no MemoryKit node"
 
 
+def test_templates_name_real_model_files_with_their_download_urls():
+    """A user opening a template gets real file names (not the test fixtures'), each single-file
+    model with its download URL in the loader's properties.models, as core's templates do; the
+    tests and the demo map them to the generated stand-ins (harness.examples.MODEL_FILES)."""
+    from harness.examples import MODEL_FILES
+    for f in sorted((paths.REPO / "example_workflows").glob("*.json")):
+        ui = json.loads(f.read_text())
+        note = " ".join(str(v) for n in ui["nodes"] if n["type"] == "Note" for v in n["widgets_values"])
+        for n in ui["nodes"]:
+            if not ("Loader" in n["type"] or n["type"] == "CheckpointLoaderSimple"):
+                continue
+            name = n["widgets_values"][0]
+            assert not name.startswith("mk_"), f"{f.name}: {n['type']} names the test fixture {name}"
+            urls = {m["name"]: m["url"] for m in n.get("properties", {}).get("models", [])}
+            if name.endswith(".safetensors"):
+                assert urls.get(name, "").startswith("https://huggingface.co/"), f"{f.name}: no URL for {name}"
+            else:  # a sharded folder: the Note says how to make it
+                assert "Save Sharded" in note or "sharded_loaders_sd15" in note, f"{f.name}: {name}"
+            assert name in MODEL_FILES or n["type"] == "CLIPLoader", f"{f.name}: {name} has no stand-in"
+
+
 @pytest.mark.parametrize("name", sorted(p.stem for p in (paths.REPO / "example_workflows").glob("*.json")))
 def test_example_workflow_round_trips(name, object_info):
     from harness import workflow

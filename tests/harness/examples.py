@@ -28,6 +28,11 @@ def example_names() -> list[str]:
 # Real model files named by the example workflows → the generated fixtures that stand in for
 # them (same architecture, tiny, random weights). Generated on first use where noted.
 MODEL_FILES = {
+    "v1-5-pruned-emaonly-fp16.safetensors": "mk_sd15_tiny.safetensors",
+    "vae-ft-mse-840000-ema-pruned.safetensors": "mk_sd15_vae_tiny.safetensors",
+    "wan2.1_t2v_1.3B_fp16.safetensors": "mk_wan21_tiny.safetensors",
+    "sd15_unet_sharded": "mk_sd15_tiny_unet_sharded",
+    "sd15_clip_l_sharded": "mk_sd15_clip_l_sharded",
     "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors": "mk_wan22_high_noise_tiny.safetensors",
     "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors": "mk_wan22_low_noise_tiny.safetensors",
     "wan_2.1_vae.safetensors": "mk_wan21_vae_tiny.safetensors",
