@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from comfy_api.latest import io
 
@@ -43,4 +42,7 @@ class PassthroughNode(io.ComfyNode):
 
     @classmethod
     def fingerprint_inputs(cls, **kwargs):
-        return math.nan
+        # A new NaN object each call, as core's own always-run nodes do (float("NaN")): ComfyUI's
+        # cache compares fingerprints inside a dict key, where the one shared `math.nan` object
+        # matches itself by identity, so the node was reused from the cache, never re-run.
+        return float("nan")

@@ -45,6 +45,22 @@ def test_memory_report_after_free_memory(server, fixture_models, unload_models):
     assert after["label"] == "after"
 
 
+def test_report_and_free_memory_run_again_on_an_unchanged_queue(server, fixture_models):
+    """Queued twice unchanged, ComfyUI reuses the loader and the encode (cached) but runs
+    Memory Report and Free Memory again: memory changes between runs when the inputs do not.
+    (Their fingerprint was ``math.nan``, one shared object: ComfyUI's cache matched it by
+    identity and reused the first run's report and skipped the unload.)"""
+    prompt = _prompt(f"queued twice {uuid.uuid4().hex}", True)
+    first = server.run(prompt, timeout=300)
+    second = server.run(prompt, timeout=300)
+    assert first.status == second.status == "success", (first.error, second.error)
+    cached = {str(n) for kind, msg in second.messages if kind == "execution_cached" for n in msg.get("nodes", [])}
+    assert {"1", "2"} <= cached, cached
+    assert not cached & {"3", "4", "5"}, f"Memory Report / Free Memory reused from the cache: {cached}"
+    for nid in ("3", "4", "5"):
+        assert second.outputs[nid]["memorykit_report"][0]["time"] > first.outputs[nid]["memorykit_report"][0]["time"]
+
+
 def test_free_memory_output_is_its_input(comfy):
     """In-process: the node returns its input object itself, for any type."""
     from comfyui_memorykit.nodes.free_memory import FreeMemory

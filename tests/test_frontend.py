@@ -256,8 +256,6 @@ def _cached_ids(entry: dict) -> set[str]:
             for n in msg.get("nodes", [])}
 
 
-@pytest.mark.xfail(strict=False, reason="known open bug: the cached node's badge is not restored from /history "
-                                        "after a page reload (seen on frontends 1.32 and 1.49)")
 def test_cached_rerun_after_reload_shows_last_figures(ui_server, browser, editor, ui_object_info):
     """After a page reload, rerunning an unchanged workflow: nodes ComfyUI reuses (cached) show
     the figures of their last run, marked "cached"; the others show their new figures."""
