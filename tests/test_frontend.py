@@ -64,7 +64,10 @@ def ui_object_info(ui_server) -> dict:
 
 @pytest.fixture(scope="module")
 def editor(ui_server, browser):
-    """The editor, opened once; returns the frontend's version string."""
+    """The editor, opened once; returns the frontend's version string. ``$MEMORYKIT_VUE_NODES=1``
+    turns on the Vue node renderer ("Nodes 2.0", frontend 1.53 and later) first."""
+    if os.environ.get("MEMORYKIT_VUE_NODES") == "1":
+        ui_server.post("/settings", {"Comfy.VueNodes.Enabled": True})
     br.open_editor(browser, ui_server.url)
     return br.frontend_version(browser)
 
@@ -83,7 +86,9 @@ def test_editor_loads_without_errors_from_our_extension(ui_server, browser, edit
     time.sleep(1.5)  # let late module errors reach the console
     served = [u for u in ui_server.get("/extensions") if f"/extensions/{PACK_DIR_NAME}/" in u]
     assert {u.rsplit("/", 1)[-1] for u in served} >= {"memorykit.js", "memorykit_format.js", "memorykit_panel.js"}, served
-    assert br.wait_for(browser, "document.querySelector('.memorykit-reports-tab-button')", 10, "the MemoryKit sidebar button")
+    # the sidebar button: a class up to frontend 1.49, a data-testid from 1.53
+    assert br.wait_for(browser, "document.querySelector('.memorykit-reports-tab-button, "
+                                "[data-testid=memorykit-reports-tab-button]')", 10, "the MemoryKit sidebar button")
     _assert_no_errors_from_us(browser)
 
 
