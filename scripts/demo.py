@@ -64,12 +64,9 @@ def run_fresh(name: str, prompt: dict, out_dir: Path | None) -> dict:
                     "reports": {}}
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
-            for ui in r["result"].outputs.values():
-                for key in ("images", "animated", "tensors"):
-                    for f in ui.get(key, []) or []:
-                        src = srv.base / "output" / f.get("subfolder", "") / f.get("filename", "")
-                        if isinstance(f, dict) and src.is_file():
-                            shutil.copy2(src, out_dir / src.name)
+            for src in examples.output_files(srv, r["result"]):
+                if src.is_file():
+                    shutil.copy2(src, out_dir / src.name)
     r.pop("result", None)
     return r
 

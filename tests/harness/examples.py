@@ -75,6 +75,19 @@ def memorykit_reports(result: RunResult) -> dict[str, dict]:
     return out
 
 
+def output_files(server: ComfyServer, res: RunResult) -> list[Path]:
+    """The files a finished prompt's save nodes wrote, from its UI outputs (``images``,
+    ``animated``, ``tensors``; entries that are not file records, such as the ``animated``
+    flags ``[True]``, are skipped)."""
+    files = []
+    for ui in res.outputs.values():
+        for key in ("images", "animated", "tensors"):
+            for f in ui.get(key, []) or []:
+                if isinstance(f, dict) and "filename" in f:
+                    files.append(server.base / "output" / f.get("subfolder", "") / f["filename"])
+    return files
+
+
 def run_example(server: ComfyServer, name: str, object_info: dict, copy_outputs_to: Path | None = None,
                 timeout: float = 900) -> dict:
     """Run one example workflow; returns a dict with ``name``, ``status``, ``error``,
@@ -91,13 +104,7 @@ def run_example(server: ComfyServer, name: str, object_info: dict, copy_outputs_
     reports = memorykit_reports(res)
     peak = max([host_memory(server.pid).rss_peak_bytes]
                + [r["host"]["rss_peak_bytes"] for r in reports.values() if "host" in r])
-    files = []
-    for ui in res.outputs.values():
-        for key in ("images", "animated", "tensors"):
-            for f in ui.get(key, []) or []:
-                if isinstance(f, dict) and "filename" in f:
-                    src = server.base / "output" / f.get("subfolder", "") / f["filename"]
-                    files.append(src)
+    files = output_files(server, res)
     if copy_outputs_to is not None:
         dest = Path(copy_outputs_to) / name
         dest.mkdir(parents=True, exist_ok=True)
