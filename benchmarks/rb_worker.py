@@ -5,7 +5,7 @@ cases it is given in order, and prints for each ``@@START <case>`` then ``@@ROW 
         --scratch DIR --results FILE [--tiny]
 
 A case that raises becomes an error row; one that cannot run on this device raises
-:class:`rb_cases.NeedsCuda` after running what it can and becomes a ``skipped: needs cuda``
+:class:`rb_ctx.NeedsCuda` after running what it can and becomes a ``skipped: needs cuda``
 row; one whose estimate does not fit before ``--deadline`` becomes ``skipped: budget``.
 ``MK_RUNBOOK_FAIL=case,...`` makes those cases raise (to test the error path);
 ``MK_RUNBOOK_CRASH=case`` kills the process at that case (to test the driver's restart).
@@ -92,9 +92,9 @@ def main(argv=None) -> int:
     if args.group == "legacy":
         comfy.cli_args.args.disable_dynamic_vram = True  # 0.33+: core's legacy ModelPatcher (no-op on 0.3.75)
     paths.technique_package()
-    from . import rb_cases
+    from . import rb_cases, rb_ctx
     from .rb_plan import by_name
-    ctx = rb_cases.Ctx.make(args.device, args.tiny, Path(args.scratch), Path(args.results), dyn)
+    ctx = rb_ctx.Ctx.make(args.device, args.tiny, Path(args.scratch), Path(args.results), dyn)
     plan = by_name()
     fail = set(filter(None, os.environ.get("MK_RUNBOOK_FAIL", "").split(",")))
     crash = os.environ.get("MK_RUNBOOK_CRASH", "")
@@ -114,14 +114,14 @@ def main(argv=None) -> int:
             row.update(rb_cases.run_case(ctx, name))
             if ctx.device.type != "cuda" and plan[name].gpu_only:
                 row["skipped"] = f"needs cuda: {plan[name].gpu_only} (its code path ran on the cpu)"
-        except rb_cases.NeedsCuda as e:
+        except rb_ctx.NeedsCuda as e:
             row.update(e.partial)
             row["skipped"] = f"needs cuda: {e}"
         except Exception as e:  # every case gets its row; the run goes on
             row["error"] = f"{type(e).__name__}: {e}"
             row["traceback"] = traceback.format_exc(limit=6)[-2000:]
         finally:
-            rb_cases.cleanup(ctx)
+            rb_ctx.cleanup(ctx)
         row["wall_s"] = round(time.perf_counter() - t0, 2)
         ctx.rows[name] = row
         emit("ROW", row)
