@@ -121,9 +121,7 @@ def group_norm_with_stats(x: torch.Tensor, norm: nn.GroupNorm, mean: torch.Tenso
     if a.shape[0] != b_:
         a, shift = a.expand(b_, -1), shift.expand(b_, -1)
     view = (b_, c) + (1,) * (x.ndim - 2)
-    if out is not None:
-        return torch.addcmul(shift.to(x.dtype).reshape(view), x, a.to(x.dtype).reshape(view), out=out)
-    return torch.addcmul(shift.to(x.dtype).reshape(view), x, a.to(x.dtype).reshape(view))
+    return torch.addcmul(shift.to(x.dtype).reshape(view), x, a.to(x.dtype).reshape(view), out=out)
 
 
 def _var_mean_f32(x: torch.Tensor, dim, chunk_dim: int = 1, chunk: int = 8) -> tuple[torch.Tensor, torch.Tensor]:

@@ -89,20 +89,23 @@ def _encode_tails(model) -> list[tuple[torch.nn.Module, int, str]]:
     return []
 
 
-PROBE_SIDES = {True: (16, 32), False: (8, 16)}  # latent pixels, by "the VAE runs on a GPU"
+# Sides (latent pixels) of the two probe tiles the tile cost is measured with, by "the VAE runs
+# on a GPU": 8 and 16 on a CPU, where each probe of a full-size VAE costs seconds (the cost is
+# linear in the tile's pixels either way).
+PROBE_SIDES = {True: (16, 32), False: (8, 16)}
 
 
-def _head_bytes(vae, fn, module: torch.nn.Module, scale: int, plan, probe, measure: bool) -> float:
-    """Peak working memory of the global-head pass on the whole latent (bytes): ``measure``d
-    with two probe latents; else modelled as 4 activations of the module's width at the
-    latent resolution plus 3 at its own resolution (``scale``² times more pixels)."""
+def _head_bytes(vae, fn, module: torch.nn.Module, scale: int, plan, probe, probe_sides: tuple[int, int] | None) -> float:
+    """Peak working memory of the global-head pass on the whole latent (bytes): measured with
+    two probe latents of ``probe_sides`` latent pixels; with None, modelled as 4 activations of
+    the module's width at the latent resolution plus 3 at its own resolution (``scale``² times
+    more pixels)."""
     from ..global_context import GlobalHead
     n = plan.grid_shape[-1] * plan.grid_shape[-2]
-    if measure:
+    if probe_sides is not None:
         def run(z):
             GlobalHead(module, scale=scale).capture(lambda: fn(z), tuple(z.shape[-2:]))
-        on_gpu = torch.device(vae.device).type != "cpu"
-        return tv.measure_tile_cost(run, probe, vae.device, sides=PROBE_SIDES[on_gpu]).bytes_for(n)
+        return tv.measure_tile_cost(run, probe, vae.device, sides=probe_sides).bytes_for(n)
     ch = max((p.shape[0] for p in module.parameters() if p.ndim >= 2), default=512)
     return ch * n * (4 + 3 * scale * scale) * mm.dtype_size(vae.vae_dtype)
 
@@ -154,16 +157,15 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     probe = lambda t: torch.rand((1, ch) + lead + (t * k, t * k))
     norm = SharedGroupNormStats(vae.first_stage_model) if opts.shared_norm_stats else None
     measure = torch.device(vae.device).type == "cuda" or opts.memory_budget_gb > 0
+    probe_sides = PROBE_SIDES[on_gpu] if measure else None
     cost = modelled
-    if measure:
+    if probe_sides is not None:
         replay = None
         if norm is not None and norm.available:
             with norm.recording():  # statistics for the replay hooks the probes run under
                 fn(probe(2))
             replay = norm.replaying
-        # Probe tiles of 16 and 32 latent pixels on a GPU; 8 and 16 on a CPU, where each probe
-        # of a full-size VAE costs seconds (the cost is linear in the tile's pixels either way).
-        cost = tv.measure_tile_cost(fn, probe, vae.device, sides=PROBE_SIDES[on_gpu], context=replay)
+        cost = tv.measure_tile_cost(fn, probe, vae.device, sides=probe_sides, context=replay)
     grid_hw = plan.grid_shape[-2:]
     min_tile = opts.overlap_px // s + 1
     t = tv.fit_tile(grid_hw, cost, budget, max(1, opts.tile_px // s), min_tile)
@@ -177,7 +179,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     if opts.global_context and plan.num_tiles > 1 and not (shape.video and len(plan.axes[0].starts) > 1):
         if direction == "decode":
             for h in _decode_heads(vae.first_stage_model):
-                if _head_bytes(vae, fn, h[0], h[1], plan, probe, measure) <= budget:
+                if _head_bytes(vae, fn, h[0], h[1], plan, probe, probe_sides) <= budget:
                     head = h
                     break
         else:
