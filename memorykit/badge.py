@@ -2,7 +2,7 @@
 
 One list of short strings per report, most telling first: the technique's own result (FP8:
 weights before → after; Group Offload: resident / streamed per forward / peak; Tiled VAE: the
-tile grid and peak; Sharded: shards, size, seconds; Device Map: bytes per device), then the
+tile grid and peak; Memory Plan: the pick and the tiles; Sharded: shards, size, seconds; Device Map: bytes per device), then the
 memory peak where it belongs to the node. The editor shows as many as fit in the node's width
 (``js/memorykit_format.js``: "+N" for the rest); the full report stays in the node's text.
 
@@ -156,9 +156,15 @@ def _memory_report(rep: dict) -> list[str]:
     return out
 
 
+def _memory_plan(info: dict) -> list[str]:
+    return [str(f) for f in info.get("badge") or []]
+
+
 def badge_figures(rep: dict) -> list[str]:
     """Headline figures for ``rep`` (a report dict as the nodes put in ``memorykit_report``),
     most important first. Never empty for a report built by ``report.build_report``."""
+    if isinstance(rep.get("memory_plan"), dict):
+        return _memory_plan(rep["memory_plan"]) or _memory_report(rep)
     if isinstance(rep.get("fp8"), dict) and "weight_bytes_before" in rep["fp8"]:
         return _fp8(rep["fp8"])
     if isinstance(rep.get("group_offload"), dict):

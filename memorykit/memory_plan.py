@@ -92,7 +92,7 @@ class ModelFigures:
     (None: diffusers-mm's ×1.5 rule) with cond and uncond batched, ``activation_min_bytes`` with
     them run one after the other (core's ``minimum_memory_required``: it splits the batch when
     memory is short, comfy/samplers.py — then every streamed byte crosses twice per step);
-    ``flops_per_step``; ``dtype`` for the sentences."""
+    ``flops_per_step``; ``dtype`` for the sentences; ``fp8_copy_bytes``: see :attr:`fp8_added`."""
 
     block_bytes: tuple[int, ...]
     other_bytes: int
@@ -101,6 +101,13 @@ class ModelFigures:
     activation_bytes: int | None = None
     flops_per_step: float = 0.0
     activation_min_bytes: int | None = None
+    fp8_copy_bytes: int | None = None
+
+    @property
+    def fp8_added(self) -> int:
+        """RAM the fp8 copies add next to the loaded weights (the cast layers' fp8 weights, scales
+        and bias copies; kept layers are shared); default the whole fp8 size."""
+        return self.fp8_copy_bytes if self.fp8_copy_bytes is not None else (self.fp8_bytes or 0)
     dtype: str = "bfloat16"
     label: str = "model"
 
@@ -159,8 +166,9 @@ class Candidate:
         """"fp8 + stream 6.10 GiB/step from RAM", "fp8 resident", "core dynamic VRAM", ..."""
         pre = "fp8 + " if self.fp8 else ""
         if self.offload_to is not None or (self.residency == "core dynamic VRAM" and self.streamed_bytes):
+            from .badge import fmt_bytes
             src = "disk" if self.offload_to == "disk" else "RAM"
-            return f"{pre}stream {self.streamed_bytes / GIB:.2f} GiB/step from {src}"
+            return f"{pre}stream {fmt_bytes(self.streamed_bytes)}/step from {src}"
         if self.residency == "core dynamic VRAM":
             return f"{pre}core dynamic VRAM"
         return "fp8 resident" if self.fp8 else "as loaded"
@@ -263,7 +271,7 @@ def _streamed(name, fp8, offload_to, residency, blocks, other, m, model, act, op
     # disk: the streamed groups' files; RAM keeps the ring's staging copies (resident blocks and
     # the remainder live in VRAM). RAM otherwise: the loaded weights, plus their fp8 copies.
     disk = streamed if offload_to == "disk" else 0
-    ram = ring if offload_to == "disk" else bf16 + (weights if fp8 else 0)
+    ram = ring if offload_to == "disk" else bf16 + (model.fp8_added if fp8 else 0)
     c = Candidate(name, fp8, offload_to, residency, peak_vram_bytes=resident + ring + act, peak_ram_bytes=ram,
                   disk_bytes=disk, resident_bytes=resident, streamed_bytes=streamed * forwards,
                   vram_budget_bytes=resident + ring if offload_to is not None else 0, forwards=forwards)
@@ -303,7 +311,7 @@ def _candidates(m: Machine, model: ModelFigures, opts: PlanOptions, act: int, fo
         out.append(c)
         if fp8_ok:  # fp8 copies next to the loaded weights (the input MODEL keeps them)
             c = Candidate("fp8 resident", True, None, "resident", peak_vram_bytes=w8 + act if m.gpu else 0,
-                          peak_ram_bytes=w + w8 + (0 if m.gpu else act), resident_bytes=w8 if m.gpu else 0)
+                          peak_ram_bytes=w + model.fp8_added + (0 if m.gpu else act), resident_bytes=w8 if m.gpu else 0)
             _times(c, m, model, w8, 0)
             out.append(c)
         if m.gpu and len(model.block_bytes) >= 1:
@@ -395,8 +403,8 @@ def choose(cands: list[Candidate], m: Machine, model: ModelFigures, opts: PlanOp
 
 
 def choose_tile(vram_bytes: int, vae_weight_bytes: int, fixed_bytes: float, per_latent_pixel_bytes: float,
-                latent_hw: tuple[int, int], spatial_factor: int, reserve_bytes: int = RESERVE_VRAM,
-                overlap_px: int = 64) -> tuple[int | None, str]:
+                latent_hw: tuple[int, int], spatial_factor: int,
+                reserve_bytes: int = RESERVE_VRAM) -> tuple[int | None, str]:
     """Tile side (px) for decoding a ``latent_hw`` latent, or None when the whole image fits.
 
     The cost model is Tiled VAE's (:class:`memorykit.tiled_vae.TileCost`: ``fixed + per_pixel ×
@@ -413,7 +421,7 @@ def choose_tile(vram_bytes: int, vae_weight_bytes: int, fixed_bytes: float, per_
                       "no tiles.")
     for px in TILE_CHOICES:
         t = px // spatial_factor
-        if px > overlap_px and fit_tile(latent_hw, cost, budget, t, t) is not None:
+        if fit_tile(latent_hw, cost, budget, t, t) is not None:
             return px, (f"VAE: the whole image would need {_g(whole)} of {_g(budget)} free for decoding; tiles of "
                         f"{px} px need about {_g(cost.bytes_for(min(t, latent_hw[0]) * min(t, latent_hw[1])))}.")
     return TILE_CHOICES[-1], (f"VAE: even {TILE_CHOICES[-1]} px tiles exceed the {_g(budget)} left; smallest "
@@ -449,6 +457,11 @@ def module_figures(module, block_lists, fp8_cast: set[str] | None, label: str, d
     in_blocks = {id(t) for b in blocks for t in module_tensors(b)}
     rest = [t for t in module_tensors(module) if id(t) not in in_blocks]
     fp8_blocks = None if fp8_cast is None else tuple(fp8_size(module_tensors(b)) for b in blocks)
+    mods = dict(module.named_modules())
+    copies = None if fp8_cast is None else sum(
+        mods[n].weight.numel() + 4 + (mods[n].bias.numel() * mods[n].bias.element_size()
+                                      if getattr(mods[n], "bias", None) is not None else 0) for n in fp8_cast)
     return ModelFigures(tuple(tensor_bytes(module_tensors(b)) for b in blocks), tensor_bytes(rest),
                         fp8_block_bytes=fp8_blocks, fp8_other_bytes=fp8_size(rest) if fp8_cast is not None else 0,
-                        activation_bytes=activation_bytes, flops_per_step=flops_per_step, dtype=dtype, label=label)
+                        activation_bytes=activation_bytes, flops_per_step=flops_per_step, dtype=dtype, label=label,
+                        fp8_copy_bytes=copies)
