@@ -331,8 +331,8 @@ NOTES = {
                              "it so VAE Decode uses the planned tiles.",
     "memory_plan_wan22_16gb_vram_32gb_ram": "Memory Plan for Wan 2.2's two 14B experts on 16 GB VRAM / 32 GB RAM "
                                             "(given figures): RAM holds the 6.7 GB text encoder but not both 14 GB "
-                                            "experts, so each plan gets 12 GiB of RAM and streams its expert from "
-                                            "disk. Set plan_for = this machine to measure yours; use 81 frames at "
+                                            "experts, so each plan gets 12 GiB of RAM; at 81 frames, 832x480 each "
+                                            "expert then streams from disk. Set plan_for = this machine to measure yours; use 81 frames at "
                                             "832x480 and 20 steps with the real models.",
     "tiled_vae_wan21_t2v": "Tiled VAE Decode on Wan 2.1 video: tiles in space, time kept whole (causal cache). "
                            "The badge shows the tile grid and the peak memory.",
