@@ -211,7 +211,8 @@ class Plan:
         return "\n".join(rows)
 
 
-def _g(n: float) -> str:
+def gib_text(n: float) -> str:
+    """Bytes → "1.23 GiB" (the sentences' unit)."""
     return f"{n / GIB:.2f} GiB"
 
 
@@ -243,11 +244,11 @@ def _times(c: Candidate, m: Machine, model: ModelFigures, fp8_bytes: int, bandwi
 
 def _check(c: Candidate, m: Machine, vram_cap: int) -> Candidate:
     if m.gpu and c.peak_vram_bytes > vram_cap:
-        c.short.append(f"VRAM short by {_g(c.peak_vram_bytes - vram_cap)}")
+        c.short.append(f"VRAM short by {gib_text(c.peak_vram_bytes - vram_cap)}")
     if c.peak_ram_bytes > m.ram_bytes:
-        c.short.append(f"RAM short by {_g(c.peak_ram_bytes - m.ram_bytes)}")
+        c.short.append(f"RAM short by {gib_text(c.peak_ram_bytes - m.ram_bytes)}")
     if c.disk_bytes > m.disk_bytes:
-        c.short.append(f"disk short by {_g(c.disk_bytes - m.disk_bytes)}")
+        c.short.append(f"disk short by {gib_text(c.disk_bytes - m.disk_bytes)}")
     return c
 
 
@@ -332,76 +333,6 @@ def _candidates(m: Machine, model: ModelFigures, opts: PlanOptions, act: int, fo
     return [_check(c, m, cap) for c in out]
 
 
-def choose(cands: list[Candidate], m: Machine, model: ModelFigures, opts: PlanOptions) -> tuple[Candidate, list[str]]:
-    """The pick and the sentences that explain it. Raises :class:`PlanError` when nothing fits."""
-    fits = [c for c in cands if c.fits]
-    if not fits:
-        best = min(cands, key=lambda c: (len(c.short), c.peak_vram_bytes + c.peak_ram_bytes))
-        raise PlanError(f"Memory Plan: no way to run {model.label} ({_g(model.weight_bytes)} of weights) fits this "
-                        f"machine ({_g(m.vram_bytes)} VRAM, {_g(m.ram_bytes)} RAM, {_g(m.disk_bytes)} disk). The "
-                        f"closest, {best.name}, needs {_g(best.peak_vram_bytes)} VRAM, {_g(best.peak_ram_bytes)} RAM, "
-                        f"{_g(best.disk_bytes)} disk: {'; '.join(best.short)}. Free memory, lower the latent size, "
-                        "or add RAM/disk.")
-    fastest = min(fits, key=lambda c: (c.est_s, c.peak_vram_bytes))
-    why = []
-    w, act = model.weight_bytes, model.activations
-    if opts.prefer == "speed":
-        pick = fastest
-    else:
-        near = [c for c in fits if c.est_s <= MEMORY_SLOWDOWN * fastest.est_s]
-        pick = min(near, key=lambda c: (c.peak_vram_bytes if m.gpu else c.peak_ram_bytes, c.est_s))
-    if m.dynamic_vram and m.gpu:
-        why.append("ComfyUI's dynamic VRAM manages this model: core decides which weights stay in VRAM and streams "
-                   "the rest; the plan chooses only fp8 storage, disk versus RAM and tiles.")
-    if m.gpu:
-        need = w + act
-        why.append(f"Weights {_g(w)} + activations {_g(act)} = {_g(need)} against {_g(m.usable_vram)} usable VRAM "
-                   f"({_g(m.vram_bytes)} free − {_g(m.reserve_vram_bytes)} core reserve): "
-                   + ("everything fits resident." if need <= m.usable_vram else
-                      f"{_g(need - m.usable_vram)} short, so part of the weights must stream or shrink."))
-    else:
-        why.append("No GPU: ComfyUI computes on the CPU from RAM, so streaming to a GPU does not apply; "
-                   f"the weights ({_g(w)}) and activations ({_g(act)}) live in RAM ({_g(m.ram_bytes)}).")
-    if pick.forwards == 2:
-        why.append(f"Activations with cond and uncond batched ({_g(act)}) do not fit next to the weights; run one "
-                   f"after the other they need {_g(model.activation_min_bytes)} (core splits the batch by itself), so "
-                   "streamed weights cross twice per step.")
-    if pick.fp8:
-        why.append(f"fp8 storage: {_g(w)} → {_g(model.fp8_bytes)} of weights"
-                   + (f", streamed bytes per step {_g(pick.streamed_bytes)} instead of "
-                      f"{_g(next((c.streamed_bytes for c in cands if c.offload_to == pick.offload_to and not c.fp8 and c.residency == pick.residency), w))}"
-                      if pick.streamed_bytes else "") + f"; it needs {_g(pick.peak_ram_bytes)} RAM of {_g(m.ram_bytes)}.")
-    elif opts.allow_fp8 and model.fp8_bytes is not None:
-        alt = next((c for c in cands if c.fp8), None)
-        if alt is not None:
-            why.append(f"No fp8: {alt.name} ({alt.est_s:.3f} s/step estimated, {_g(alt.peak_vram_bytes)} VRAM"
-                       + (f", {'; '.join(alt.short)}" if alt.short else "") + f") does not beat {pick.name} "
-                       f"({pick.est_s:.3f} s/step) for prefer={opts.prefer}; full precision kept.")
-    elif not opts.allow_fp8:
-        why.append("fp8 not allowed (allow_fp8 off): weights keep their dtype.")
-    if pick.streamed_bytes:
-        src = "disk" if pick.offload_to == "disk" else "RAM"
-        bw = m.h2d_bytes_per_s if src == "RAM" else min(m.h2d_bytes_per_s, m.disk_read_bytes_per_s)
-        why.append(f"Streams {_g(pick.streamed_bytes)} per step from {src} at {bw / 1e9:.1f} GB/s = "
-                   f"{pick.streamed_bytes / bw:.3f} s against {pick.compute_s:.3f} s compute: floor "
-                   f"{pick.floor_s:.3f} s, estimate {pick.est_s:.3f} s (×{STREAM_OVERHEAD} measured overhead); "
-                   f"{_g(pick.resident_bytes)} stays resident.")
-        if len(model.block_bytes) < MIN_STREAM_BLOCKS:
-            why.append(f"Only {len(model.block_bytes)} blocks (diffusers-mm streams from {MIN_STREAM_BLOCKS}): "
-                       "each transfer is large, so less of it hides under compute.")
-    if pick.offload_to == "disk":
-        ram_alt = next((c for c in cands if c.offload_to == "cpu" or c.name == "as loaded"), None)
-        why.append(f"Disk, not RAM: {('RAM plans need ' + _g(ram_alt.peak_ram_bytes)) if ram_alt else 'RAM is short'} "
-                   f"of {_g(m.ram_bytes)} RAM; disk holds {_g(pick.disk_bytes)} of {_g(m.disk_bytes)} free and is read "
-                   f"at {m.disk_read_bytes_per_s / 1e9:.1f} GB/s." if not (ram_alt and ram_alt.fits) else
-                   f"Disk: prefer={opts.prefer} and it needs least RAM ({_g(pick.peak_ram_bytes)}).")
-    why.append(f"Pick: {pick.name} (prefer={opts.prefer}: "
-               + ("fastest estimate" if opts.prefer == "speed" else
-                  f"least {'VRAM' if m.gpu else 'RAM'} within {MEMORY_SLOWDOWN}× of the fastest, {fastest.name} "
-                  f"{fastest.est_s:.3f} s") + f"; {len(fits)} of {len(cands)} candidates fit).")
-    return pick, why
-
-
 def choose_tile(vram_bytes: int, vae_weight_bytes: int, fixed_bytes: float, per_latent_pixel_bytes: float,
                 latent_hw: tuple[int, int], spatial_factor: int,
                 reserve_bytes: int = RESERVE_VRAM) -> tuple[int | None, str]:
@@ -417,22 +348,24 @@ def choose_tile(vram_bytes: int, vae_weight_bytes: int, fixed_bytes: float, per_
     whole = cost.bytes_for(latent_hw[0] * latent_hw[1])
     if whole <= budget:
         return None, (f"VAE: decoding the whole {latent_hw[1] * spatial_factor}×{latent_hw[0] * spatial_factor} image "
-                      f"needs about {_g(whole)} next to {_g(vae_weight_bytes)} of VAE weights, within {_g(budget)}: "
+                      f"needs about {gib_text(whole)} next to {gib_text(vae_weight_bytes)} of VAE weights, within {gib_text(budget)}: "
                       "no tiles.")
     for px in TILE_CHOICES:
         t = px // spatial_factor
         if fit_tile(latent_hw, cost, budget, t, t) is not None:
-            return px, (f"VAE: the whole image would need {_g(whole)} of {_g(budget)} free for decoding; tiles of "
-                        f"{px} px need about {_g(cost.bytes_for(min(t, latent_hw[0]) * min(t, latent_hw[1])))}.")
-    return TILE_CHOICES[-1], (f"VAE: even {TILE_CHOICES[-1]} px tiles exceed the {_g(budget)} left; smallest "
+            return px, (f"VAE: the whole image would need {gib_text(whole)} of {gib_text(budget)} free for decoding; tiles of "
+                        f"{px} px need about {gib_text(cost.bytes_for(min(t, latent_hw[0]) * min(t, latent_hw[1])))}.")
+    return TILE_CHOICES[-1], (f"VAE: even {TILE_CHOICES[-1]} px tiles exceed the {gib_text(budget)} left; smallest "
                               "tiles chosen (core's VAE falls back to smaller tiles on out-of-memory).")
 
 
 def make_plan(machine: Machine, model: ModelFigures, options: PlanOptions | None = None) -> Plan:
-    """Predict every candidate and pick one (see :func:`candidates`, :func:`choose`).
+    """Predict every candidate and pick one (see :func:`candidates`,
+    :func:`memorykit.memory_plan_choice.choose`).
     Raises ValueError for a bad option, :class:`PlanError` when nothing fits."""
     options = options or PlanOptions()
     options.validate()
+    from .memory_plan_choice import choose
     cands = candidates(machine, model, options)
     pick, reasons = choose(cands, machine, model, options)
     return Plan(machine, model, options, cands, pick, reasons)

@@ -59,7 +59,6 @@ class MemoryPlan(io.ComfyNode):
             outputs=[io.Model.Output(display_name="MODEL", tooltip="The model with the planned techniques applied."),
                      io.Vae.Output(display_name="VAE", tooltip="The VAE, decoding in the planned tiles (the input "
                                    "VAE when no tiles are needed; none when no VAE is connected).")],
-            hidden=[io.Hidden.unique_id],
         )
 
     @classmethod
@@ -67,8 +66,7 @@ class MemoryPlan(io.ComfyNode):
                 vram_gb: float = 12.0, ram_gb: float = 32.0, disk_gb: float = 100.0, width: int = 1024,
                 height: int = 1024, frames: int = 81, vae=None, latent=None) -> io.NodeOutput:
         out, vae_out, info = memory_plan_io.memory_plan(
-            model, vae, latent, plan_for, vram_gb, ram_gb, disk_gb, allow_fp8, prefer, width, height, frames,
-            node_id=cls.hidden.unique_id)
+            model, vae, latent, plan_for, vram_gb, ram_gb, disk_gb, allow_fp8, prefer, width, height, frames)
         rep = report.build_report("Memory Plan", comfy_integration.loaded_models())
         rep["memory_plan"] = {k: v for k, v in info.items() if k != "applied"}
         return io.NodeOutput(out, vae_out, ui={"memorykit_report": [badge.with_badge(rep)],

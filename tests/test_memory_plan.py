@@ -26,7 +26,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from harness import meta_models, paths
 
 # Latents: Flux 1024² (16 × 128²), Wan 832×480×81 frames (16 × 21 × 60 × 104), SDXL 1024² (4 × 128²).
@@ -54,7 +53,7 @@ def decision_table(figures) -> str:
     from comfyui_memorykit.memorykit import memory_plan as mp
     from comfyui_memorykit.memorykit.comfy_integration import memory_plan_io as io
     rows = ["| model | VRAM | RAM 16 GiB | RAM 32 GiB | RAM 64 GiB |", "|---|---|---|---|---|"]
-    for k, f in figures.items():
+    for f in figures.values():
         for v in VRAM:
             cells = []
             for r in RAM:

@@ -3,8 +3,6 @@ nodes' own code, holds the bytes the plan predicted (tracked tensor bytes, withi
 forward without failing for memory, and the VAE output decodes in the planned tiles."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -53,7 +51,7 @@ def test_each_candidate_holds_what_it_predicted(comfy, io, loaded, key, tmp_path
     for cand in plan.candidates:
         assert cand.fits, (cand.name, cand.short)
         plan.pick = cand
-        out, applied = io.apply_plan(lm.patcher, plan, str(tmp_path))
+        out, _ = io.apply_plan(lm.patcher, plan, str(tmp_path))
         try:
             mm.load_models_gpu([out])
             held = _held_by_model(out)

@@ -19,15 +19,20 @@ import shutil
 import tempfile
 import time
 
+import comfy.model_management as mm
 import torch
 
-import comfy.model_management as mm
-
-from .. import fp8, memory_plan as mp
+from .. import fp8
+from .. import memory_plan as mp
 from ..offload_plan import GroupOffloadOptions
 from .compat import is_dynamic, patcher_free_memory
-from .fp8_patcher import fp8_layerwise_cast, model_compute_dtype
-from .offload_patcher import GroupOffloadSettings, comfy_block_lists, default_disk_folder, prepare_group_offload
+from .fp8_patcher import FP8_ATTACHMENT, fp8_layerwise_cast, model_compute_dtype
+from .offload_patcher import (
+    GroupOffloadSettings,
+    comfy_block_lists,
+    default_disk_folder,
+    prepare_group_offload,
+)
 
 _log = logging.getLogger("MemoryKit")
 _CACHE: dict[str, dict] = {}
@@ -51,10 +56,7 @@ def _h2d_bandwidth(device: torch.device) -> float:
     def copy_():
         dst.copy_(src, non_blocking=True)
         torch.cuda.synchronize(device)
-    try:
-        return PROBE_BYTES / _timed(copy_)
-    finally:
-        del src, dst
+    return PROBE_BYTES / _timed(copy_)  # both buffers are freed on return
 
 
 def _disk_read(folder: str) -> float:
@@ -195,8 +197,9 @@ def model_figures(patcher, shape: list[int]) -> mp.ModelFigures:
     batch = 2 * shape[0]
     run_shape = [batch] + list(shape[1:])
     act = _activation_bytes(patcher, run_shape)
-    fam = fp8.detect_family(dm)
-    cast = set(fp8.plan_layers(dm, fp8.default_skip_patterns(fam, "auto")).cast)
+    cast = set()
+    if patcher.get_attachment(FP8_ATTACHMENT) is None:  # not through FP8 Layerwise Cast already
+        cast = set(fp8.plan_layers(dm, fp8.default_skip_patterns(fp8.detect_family(dm), "auto")).cast)
     params = sum(p.numel() for p in dm.parameters())
     tokens = math.prod(shape[2:]) / _patch_area(dm)
     dtype = str(model_compute_dtype(patcher)).replace("torch.", "")
@@ -251,11 +254,12 @@ def planned_vae(vae, tile_px: int | None):
     return n
 
 
-def apply_plan(model, plan: mp.Plan, disk_folder: str = "", node_id=None):
+def apply_plan(model, plan: mp.Plan, disk_folder: str = ""):
     """Apply ``plan.pick`` to ``model``: FP8 Layerwise Cast (defaults: float8_e4m3fn, per-tensor
     scale, auto skip preset) and/or Group Offload (block_level, use_stream, RAM or disk, the
     planned budget when the plan was measured here, else auto). Returns ``(MODEL, applied)``:
-    ``applied`` lists the infos of the nodes' own functions."""
+    ``applied`` lists the infos of the nodes' own functions. The offload's run reports are not
+    sent to the node: its badge stays the plan's."""
     pick, out, applied = plan.pick, model, {}
     if pick.fp8:
         out, applied["fp8"] = fp8_layerwise_cast(out)
@@ -264,14 +268,13 @@ def apply_plan(model, plan: mp.Plan, disk_folder: str = "", node_id=None):
                                    offload_to=pick.offload_to)
         budget = pick.vram_budget_bytes if plan.machine.source == "measured" and plan.machine.gpu else 0
         out, applied["group_offload"] = prepare_group_offload(out, GroupOffloadSettings(
-            options=opts, vram_budget_bytes=int(budget), disk_folder=disk_folder,
-            node_id=None if node_id is None else str(node_id)))
+            options=opts, vram_budget_bytes=int(budget), disk_folder=disk_folder))
     return out, applied
 
 
 def memory_plan(model, vae=None, latent=None, plan_for: str = "this machine", vram_gb: float = 12.0,
                 ram_gb: float = 32.0, disk_gb: float = 100.0, allow_fp8: bool = True, prefer: str = "speed",
-                width: int = 1024, height: int = 1024, frames: int = 81, disk_folder: str = "", node_id=None):
+                width: int = 1024, height: int = 1024, frames: int = 81, disk_folder: str = ""):
     """The Memory Plan node: ``(MODEL, VAE or None, info)``. ``info``: the plan's dict, its text
     table and sentences, ``applied`` (the FP8 / Group Offload infos). Raises
     :class:`memorykit.memory_plan.PlanError` before anything is applied when nothing fits, and
@@ -287,7 +290,7 @@ def memory_plan(model, vae=None, latent=None, plan_for: str = "this machine", vr
     if vae is not None:
         plan.tile_px, sentence = plan_tiles(vae, machine, shape)
         plan.reasons.insert(-1, sentence)
-    out, applied = apply_plan(model, plan, disk_folder, node_id)
+    out, applied = apply_plan(model, plan, disk_folder)
     info = plan.as_dict() | {"latent_shape": shape, "applied": applied, "table": plan.table(),
                              "badge": plan.badge()}
     return out, (planned_vae(vae, plan.tile_px) if vae is not None else None), info
