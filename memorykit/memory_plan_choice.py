@@ -55,7 +55,8 @@ def choose(cands: list[Candidate], m: Machine, model: ModelFigures, opts: PlanOp
                       f"{gib_text(next((c.streamed_bytes for c in cands if c.offload_to == pick.offload_to and not c.fp8 and c.residency == pick.residency), w))}"
                       if pick.streamed_bytes else "") + f"; it needs {gib_text(pick.peak_ram_bytes)} RAM of {gib_text(m.ram_bytes)}.")
     elif opts.allow_fp8 and model.fp8_bytes is not None:
-        alt = next((c for c in cands if c.fp8), None)
+        fp8s = [c for c in cands if c.fp8]
+        alt = min(fp8s, key=lambda c: (not c.fits, c.est_s)) if fp8s else None  # the best fp8 plan
         if alt is not None:
             why.append(f"No fp8: {alt.name} ({alt.est_s:.3f} s/step estimated, {gib_text(alt.peak_vram_bytes)} VRAM"
                        + (f", {'; '.join(alt.short)}" if alt.short else "") + f") does not beat {pick.name} "
