@@ -92,7 +92,8 @@ class ModelFigures:
     (None: diffusers-mm's ×1.5 rule) with cond and uncond batched, ``activation_min_bytes`` with
     them run one after the other (core's ``minimum_memory_required``: it splits the batch when
     memory is short, comfy/samplers.py — then every streamed byte crosses twice per step);
-    ``flops_per_step``; ``dtype`` for the sentences; ``fp8_copy_bytes``: see :attr:`fp8_added`."""
+    ``flops_per_step``; ``dtype`` for the sentences; ``fp8_copy_bytes``: see :attr:`fp8_added`;
+    ``fp8_work_bytes``: scratch of quantising the largest layer (where no GPU does it)."""
 
     block_bytes: tuple[int, ...]
     other_bytes: int
@@ -102,6 +103,7 @@ class ModelFigures:
     flops_per_step: float = 0.0
     activation_min_bytes: int | None = None
     fp8_copy_bytes: int | None = None
+    fp8_work_bytes: int = 0
 
     @property
     def fp8_added(self) -> int:
@@ -311,8 +313,11 @@ def _candidates(m: Machine, model: ModelFigures, opts: PlanOptions, act: int, fo
         _times(c, m, model, 0, 0)
         out.append(c)
         if fp8_ok:  # fp8 copies next to the loaded weights (the input MODEL keeps them)
+            # without a GPU the quantising scratch (memorykit.fp8.quantize_weight: |w| of the largest
+            # layer in its dtype + a 4096-row float32 chunk) is in RAM too, before the forward's activations
             c = Candidate("fp8 resident", True, None, "resident", peak_vram_bytes=w8 + act if m.gpu else 0,
-                          peak_ram_bytes=w + model.fp8_added + (0 if m.gpu else act), resident_bytes=w8 if m.gpu else 0)
+                          peak_ram_bytes=w + model.fp8_added + (0 if m.gpu else max(act, model.fp8_work_bytes)),
+                          resident_bytes=w8 if m.gpu else 0)
             _times(c, m, model, w8, 0)
             out.append(c)
         if m.gpu and len(model.block_bytes) >= 1:
@@ -394,7 +399,10 @@ def module_figures(module, block_lists, fp8_cast: set[str] | None, label: str, d
     copies = None if fp8_cast is None else sum(
         mods[n].weight.numel() + 4 + (mods[n].bias.numel() * mods[n].bias.element_size()
                                       if getattr(mods[n], "bias", None) is not None else 0) for n in fp8_cast)
+    work = max((mods[n].weight.numel() * mods[n].weight.element_size()
+                + min(4096, mods[n].weight.shape[0]) * (mods[n].weight[0].numel() if mods[n].weight.ndim else 1) * 4
+                for n in (fp8_cast or ())), default=0)
     return ModelFigures(tuple(tensor_bytes(module_tensors(b)) for b in blocks), tensor_bytes(rest),
                         fp8_block_bytes=fp8_blocks, fp8_other_bytes=fp8_size(rest) if fp8_cast is not None else 0,
                         activation_bytes=activation_bytes, flops_per_step=flops_per_step, dtype=dtype, label=label,
-                        fp8_copy_bytes=copies)
+                        fp8_copy_bytes=copies, fp8_work_bytes=work)
