@@ -13,8 +13,9 @@ nothing fits raises :class:`PlanError` naming what is short and by how much.
 A *step* is one call of the diffusion model (cond and uncond batched, as ComfyUI does): every
 streamed byte crosses the bus once per step. Sizes are bytes, times seconds, GiB = 2**30 bytes.
 
-Every constant names its source: this project's measurements (H200, 2026-11-30, "measured
-anchors" in docs/memory-plan.md), published figures, or core ComfyUI's own rule.
+Every constant names its source: this project's measurements (H200, 2026-11-30, "Measured
+anchors" in docs/memory-plan.md and docs/benchmarks.md), published figures, or core ComfyUI's
+own rule.
 """
 from __future__ import annotations
 
