@@ -26,6 +26,7 @@ import comfy.utils
 
 from .. import badge, offload, offload_plan, report
 from . import placement
+from .cleanup import default_disk_folder
 from .common import loaded_models, weight_dtype_options
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram, patcher_free_memory
 
@@ -75,16 +76,6 @@ class _OffloadState(placement.Placement):
         base_model.model_lowvram = False
         base_model.lowvram_patch_counter = 0
         base_model.current_weight_patches_uuid = None
-
-
-def default_disk_folder() -> str:
-    """ComfyUI's temp folder (emptied by ComfyUI at start-up), used when the node's folder is empty."""
-    import os
-
-    import folder_paths
-    path = folder_paths.get_temp_directory()
-    os.makedirs(path, exist_ok=True)  # ComfyUI deletes it at start-up and exit and recreates it on demand
-    return path
 
 
 def comfy_block_lists(diffusion_model: torch.nn.Module) -> offload_plan.BlockLists:
