@@ -83,11 +83,14 @@ class _DeviceMapPatcherMixin:
     """ModelPatcher behaviour for a clone carrying a :class:`DeviceMapPlan` (see section notes)."""
 
     def _device_map_plan(self) -> DeviceMapPlan | None:
+        if placement.wants_plain_load(self):
+            return None  # saving: ComfyUI's own load, real weights (placement.plain_load)
         return self.get_attachment(DEVICE_MAP_ATTACHMENT)
 
     def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
         plan = self._device_map_plan()
         if plan is None:
+            placement.remove(self.model)
             return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
         placement.remove(self.model)
         # ComfyUI's own full load onto the offload device: applies weight patches (LoRA), no
@@ -107,6 +110,8 @@ class _DeviceMapPatcherMixin:
     def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
         plan = self._device_map_plan()
         if plan is None:
+            if placement.applied(self.model) is not None:
+                self.unpatch_model(self.offload_device, unpatch_weights=True)
             return super().partially_load(device_to, extra_memory, force_patch_weights)
         key = (plan, self.patches_uuid, _device(device_to))
         if not force_patch_weights and placement.reuse(self, key, _AppliedDeviceMap):

@@ -110,7 +110,7 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
 
     def _offload_settings(self, device_to, force_patch_weights=False):
         s = self.get_attachment(GROUP_OFFLOAD_KEY)
-        if s is None or force_patch_weights or device_to is None:
+        if s is None or force_patch_weights or device_to is None or placement.wants_plain_load(self):
             return None
         if torch.device(device_to).type == "cpu" and s.options.offload_to == "cpu":
             return None  # computing on the CPU from CPU RAM: nothing to offload
