@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 # diffusers.hooks.group_offloading's hook names (_GROUP_OFFLOADING, _LAYER_EXECUTION_TRACKER,
 # _LAZY_PREFETCH_GROUP_OFFLOADING).
 HOOK_NAMES = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
-ALIGN_HOOK = "memorykit_align_cpu"
+ALIGN_HOOK = "memorykit_align_cpu"  # an older version's hook on disk-offloaded modules: removed if found
 _MARK = "_memorykit_group_offload"
 DISK_MARGIN_BYTES = 256 << 20
 

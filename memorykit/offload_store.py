@@ -1,8 +1,8 @@
 """Weights kept on disk in a file that has no name: the disk target of Group Offload and Balanced Device Map.
 
-:class:`DiskStore` is one file created in the chosen folder with ``O_TMPFILE`` (or created and
-unlinked at once where the filesystem lacks it), filled with the offloaded weights and mapped
-shared (``mmap``). The weights' tensors become views of the mapping, so:
+:class:`DiskStore` is one file created in the chosen folder by ``tempfile.TemporaryFile``
+(Linux: ``O_TMPFILE``, elsewhere on POSIX created and unlinked at once; Windows: deleted on
+close and locked while open), filled with the offloaded weights and mapped shared (``mmap``). The weights' tensors become views of the mapping, so:
 
 - the values stay real whatever happens to the folder: nothing can delete, replace or truncate
   a file without a name (a ComfyUI start wiping its temp folder, a user emptying the folder),
@@ -13,8 +13,9 @@ shared (``mmap``). The weights' tensors become views of the mapping, so:
 - RAM is what the page cache holds: pages are written back and dropped after filling
   (:meth:`DiskStore.drop`), and again after each group is copied to the onload device.
 
-The space is reserved with ``posix_fallocate`` before anything is written, so a full disk is
-an ``OSError`` here, never a SIGBUS while filling the mapping. Plain torch and the standard
+The space is reserved before anything is written through the mapping (``posix_fallocate``;
+where it is missing, by writing zeros), so a full disk is an ``OSError`` here, never a SIGBUS
+while filling the mapping. Plain torch and the standard
 library; no ComfyUI here.
 """
 from __future__ import annotations
@@ -28,7 +29,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-PAGE = mmap.PAGESIZE
+PAGE = max(mmap.PAGESIZE, mmap.ALLOCATIONGRANULARITY)  # mapping offsets (flush, madvise) are multiples of it
+_ZEROS = 1 << 20
 
 
 def page_round(n: int) -> int:
@@ -36,17 +38,16 @@ def page_round(n: int) -> int:
     return -(-n // PAGE) * PAGE
 
 
-def _unnamed_file(folder: str) -> int:
-    """A read-write descriptor of a new file in ``folder`` that has no name."""
-    tmpfile = getattr(os, "O_TMPFILE", None)
-    if tmpfile is not None:
-        try:
-            return os.open(folder, tmpfile | os.O_RDWR, 0o600)
-        except OSError:
-            pass  # filesystem without O_TMPFILE support: name it for an instant
-    fd, path = tempfile.mkstemp(prefix=".memorykit-store-", dir=folder)
-    os.unlink(path)
-    return fd
+def _reserve(f, nbytes: int) -> None:
+    """Allocate ``nbytes`` of disk for the open file ``f`` (OSError, e.g. ENOSPC, when it cannot)."""
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(f.fileno(), 0, nbytes)
+        return
+    zeros = bytes(min(_ZEROS, nbytes))
+    left = nbytes
+    while left:
+        left -= f.write(zeros[:min(left, len(zeros))])
+    f.flush()
 
 
 class DiskStore:
@@ -58,12 +59,12 @@ class DiskStore:
 
     def __init__(self, folder: str | os.PathLike, nbytes: int):
         self.folder, self.nbytes = os.fspath(folder), int(nbytes)
-        self._fd = _unnamed_file(self.folder)
+        self._file = tempfile.TemporaryFile(dir=self.folder, prefix=".memorykit-store-")
         self._map = None
         try:
             if self.nbytes:
-                os.posix_fallocate(self._fd, 0, self.nbytes)
-                self._map = mmap.mmap(self._fd, self.nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                _reserve(self._file, self.nbytes)
+                self._map = mmap.mmap(self._file.fileno(), self.nbytes, access=mmap.ACCESS_WRITE)
                 self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
             else:
                 self.tensor = torch.empty(0, dtype=torch.uint8)
@@ -85,7 +86,7 @@ class DiskStore:
         try:
             self._map.flush(start, length)
             self._map.madvise(mmap.MADV_DONTNEED, start, length)
-            os.posix_fadvise(self._fd, start, length, os.POSIX_FADV_DONTNEED)
+            os.posix_fadvise(self._file.fileno(), start, length, os.POSIX_FADV_DONTNEED)
         except (OSError, ValueError, AttributeError):  # a hint only
             log.debug("dropping offload pages failed", exc_info=True)
 
@@ -99,6 +100,6 @@ class DiskStore:
             except BufferError:  # a view is still referenced: freed with the last one
                 pass
             self._map = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
