@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 # diffusers.hooks.group_offloading's hook names (_GROUP_OFFLOADING, _LAYER_EXECUTION_TRACKER,
 # _LAZY_PREFETCH_GROUP_OFFLOADING).
 HOOK_NAMES = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
-ALIGN_HOOK = "memorykit_align_cpu"  # an older version's hook on disk-offloaded modules: removed if found
 _MARK = "_memorykit_group_offload"
 DISK_MARGIN_BYTES = 256 << 20
 
@@ -326,7 +325,7 @@ def remove_group_offload(h: GroupOffloadHandle) -> None:
         reg = m.__dict__.get("_diffusers_hook")
         if reg is None:
             continue
-        for name in HOOK_NAMES + (ALIGN_HOOK,):
+        for name in HOOK_NAMES:
             reg.remove_hook(name, recurse=False)
         if not reg.hooks and id(m) not in h._had_registry:
             del m.__dict__["_diffusers_hook"]
