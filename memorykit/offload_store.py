@@ -11,7 +11,8 @@ close and locked while open), filled with the offloaded weights and mapped share
 - the kernel frees the file when the mapping and the descriptor are closed, even after a
   ``kill -9``: no leftover file;
 - RAM is what the page cache holds: pages are written back and dropped after filling
-  (:meth:`DiskStore.drop`), and again after each group is copied to the onload device.
+  (:meth:`DiskStore.drop`), and unmapped again after each group is copied to the onload device
+  (left in the page cache, reclaimable, as reading a file leaves it).
 
 The space is reserved before anything is written through the mapping (``posix_fallocate``;
 where it is missing, by writing zeros), so a full disk is an ``OSError`` here, never a SIGBUS
@@ -72,10 +73,11 @@ class DiskStore:
             self.close()
             raise
 
-    def drop(self, offset: int = 0, nbytes: int | None = None) -> None:
+    def drop(self, offset: int = 0, nbytes: int | None = None, evict: bool = True) -> None:
         """Write back bytes ``[offset, offset + nbytes)`` (default: all) and drop their pages
-        from this process and from the page cache (they are read from disk when used next).
-        The range is widened to whole pages; data is never lost."""
+        from this process; ``evict`` also from the page cache (then they are read from disk when
+        used next; without it they stay as reclaimable cache, as a file read leaves them). The
+        range is widened to whole pages; data is never lost."""
         if self._map is None:
             return
         end = self.nbytes if nbytes is None else min(self.nbytes, offset + nbytes)
@@ -86,7 +88,8 @@ class DiskStore:
         try:
             self._map.flush(start, length)
             self._map.madvise(mmap.MADV_DONTNEED, start, length)
-            os.posix_fadvise(self._file.fileno(), start, length, os.POSIX_FADV_DONTNEED)
+            if evict:
+                os.posix_fadvise(self._file.fileno(), start, length, os.POSIX_FADV_DONTNEED)
         except (OSError, ValueError, AttributeError):  # a hint only
             log.debug("dropping offload pages failed", exc_info=True)
 

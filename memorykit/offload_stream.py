@@ -356,8 +356,8 @@ class EventRing:
                     d.copy_(host, non_blocking=self.cuda)
             if self.events:
                 g.ready.record(self.copy_stream)
-        if self.store is not None:  # the copy has read the pages (pageable source): drop them again
-            self.store.drop(g.store_offset, n)
+        if self.store is not None:  # the copy has read the pages (pageable source): unmap them again
+            self.store.drop(g.store_offset, n, evict=False)
         g.dev = dev
         g.state = PENDING
         self._occupants.append(g)
