@@ -44,11 +44,11 @@ def _offload_inputs() -> list:
                          tooltip="Do not page-lock the offloaded weights (no locked RAM; copies from pageable "
                                  "memory are slower and do not overlap compute)."),
         io.Combo.Input("offload_to", options=["cpu", "disk"], default="cpu",
-                       tooltip="Where offloaded weights wait: cpu = RAM; disk = safetensors files in disk_folder "
-                               "(for low RAM), deleted when the model is unloaded."),
+                       tooltip="Where offloaded weights wait: cpu = RAM; disk = a file in disk_folder (for low "
+                               "RAM), freed when the model is unloaded."),
         io.String.Input("disk_folder", default="",
                         tooltip="Folder for offload files (offload_to=disk). Must exist and be writable; a "
-                                "fast SSD is best. Empty = ComfyUI's temp folder."),
+                                "fast SSD is best. Empty = user/__memorykit/offload in ComfyUI's folder."),
         io.Combo.Input("scheduler", options=list(SCHEDULERS), default="memorykit", optional=True,
                        tooltip="Who streams from CPU RAM. memorykit: prefetch into a fixed VRAM ring ordered by "
                                "CUDA events (the host never waits; any num_blocks_per_group). diffusers: its "

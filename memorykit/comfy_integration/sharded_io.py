@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from .. import badge, report, scaled_fp8, sharded, sharded_save
+from . import placement
 from .common import loaded_models, weight_dtype_options
 from .compat import model_state_dict_for_saving as _compat_state_dict
 from .fp8_patcher import FP8_ATTACHMENT, layer_scale
@@ -148,9 +149,12 @@ def model_state_dict_for_saving(model) -> tuple[dict, dict, dict | None]:
     metadata). Weights patched in place are the model's own tensors (no copy). Layers cast by
     FP8 Layerwise Cast are written the way core's loaders read them back
     (:func:`scaled_fp8.checkpoint_tensors`); the third value is its info (None for a model
-    without float8 layers).
+    without float8 layers). A placed model (Group Offload, Balanced Device Map) is read the
+    plain way (:func:`placement.plain_load`): its placement may hold placeholders or meta
+    tensors, and the saver must read the real weights (issue 23 items 4 and 11).
     """
-    sd = _compat_state_dict(model)
+    with placement.plain_load(model):
+        sd = _compat_state_dict(model)
     metadata = {}
     for k in [k for k, v in sd.items() if not isinstance(v, torch.Tensor)]:
         v = sd.pop(k)
