@@ -104,38 +104,30 @@ def _path_max(folder: Path) -> int:
         return PATH_MAX
 
 
-def check_destination(dest: str | os.PathLike, root: str | os.PathLike, needed_bytes: int, field: str = "name") -> None:
-    """Refuse, before any work, a save into ``dest`` (a folder to create under ``root``) that
-    cannot succeed. Raises ValueError naming ``field`` when the path is longer than PATH_MAX or
-    a component between ``root`` and ``dest`` is an existing file; PermissionError when the
-    nearest existing folder is not writable; OSError(ENOSPC) when its file system has less free
-    space than ``needed_bytes`` + FREE_MARGIN."""
-    dest, root = Path(dest), Path(root)
-    n = len(os.fsencode(str(dest)))
+def check_destination(dest: str | os.PathLike, needed_bytes: int, field: str = "name") -> None:
+    """Refuse, before any work, a save into ``dest`` (a folder to create or replace) that cannot
+    succeed. Raises ValueError naming ``field`` when the path is longer than the file system's
+    PATH_MAX or runs through an existing file (``a/b`` where ``a`` is a file); PermissionError
+    when the nearest existing folder is not writable; OSError(ENOSPC) when its file system has
+    less free space than ``needed_bytes`` + FREE_MARGIN (0 skips that check)."""
+    dest = Path(dest)
     existing = dest
     while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent
-    limit = _path_max(existing if existing.is_dir() else root)
+    if not existing.is_dir():
+        what = "is" if existing == dest else "in the name is"
+        raise ValueError(f"{field}: {existing.name!r} {what} an existing file in {existing.parent}, not a folder: "
+                         "choose another name")
+    n = len(os.fsencode(str(dest)))
+    limit = _path_max(existing)
     if n >= limit:
         raise ValueError(f"{field}: the folder path {str(dest)[:60]}... is {n} bytes long; this file system allows "
                          f"paths up to {limit - 1} bytes: give a shorter name")
-    try:
-        rel = dest.relative_to(root).parts
-    except ValueError:
-        rel = ()
-    cur = root
-    for part in rel[:-1]:
-        cur = cur / part
-        if os.path.lexists(cur) and not cur.is_dir():
-            raise ValueError(f"{field}: {part!r} in the name is an existing file in {cur.parent}, not a folder: "
-                             "choose another name")
-    if os.path.lexists(dest) and not dest.is_dir():
-        raise ValueError(f"{field}: {dest} exists and is a file, not a folder: choose another name")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise PermissionError(errno.EACCES, f"{field}: the folder {existing} is read-only for this ComfyUI process "
-                              "(no write permission): make it writable or choose another place", str(existing))
+                              "(no write permission): make it writable or choose another place")
     free = shutil.disk_usage(existing).free
-    if needed_bytes + FREE_MARGIN > free:
+    if needed_bytes and needed_bytes + FREE_MARGIN > free:
         raise OSError(errno.ENOSPC, f"not enough free space in {existing}: the save needs "
                       f"{needed_bytes / 2**30:.2f} GiB (plus {FREE_MARGIN // 2**20} MiB margin), "
                       f"{free / 2**30:.2f} GiB are free: free some space or save elsewhere")

@@ -158,6 +158,7 @@ def save_sharded(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike,
         raise ValueError(f"filename_pattern {filename_pattern!r} must contain '{{suffix}}' and end in '.safetensors'")
     if not state_dict:
         raise ValueError("nothing to save: the state dict is empty")
+    safe_files.check_destination(folder, 0, "name")  # path length, a file in the way, permission
     if folder.exists() and not overwrite:
         raise FileExistsError(f"{folder} already exists; choose another name or enable overwrite to replace it")
     old_files = previous_save(folder, filename_pattern) if folder.exists() else None
@@ -180,7 +181,7 @@ def save_sharded(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike,
                                   "not name; move it away or choose another name")
 
     total = int(split.metadata.get("total_size", sum(t.nbytes for t in sd.values())))
-    safe_files.check_destination(folder, folder.parent, total, "name")
+    safe_files.check_destination(folder, total, "name")  # free space for the whole save
     tmp = partial_folder(folder)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)

@@ -209,7 +209,7 @@ def save_model_sharded(model, name: str, max_shard_size: str = "5GB", overwrite:
     sharded_save.parse_size(max_shard_size)  # fail before any work
     root = diffusion_models_dir()
     dest = root / name
-    safe_files.check_destination(dest, root, 0, "name")  # path length, a file in the way, read-only folder
+    safe_files.check_destination(dest, 0, "name")  # path length, a file in the way, read-only folder
     if dest.exists() and not overwrite:
         raise FileExistsError(f"{dest} already exists; choose another name or enable overwrite to replace it")
     if dest.exists():
