@@ -17,7 +17,8 @@ def _tiling_inputs() -> list:
                              "placed in the middle of the overlap and cross-faded over a quarter of it; the rest "
                              "is context that hides the tiles' borders. Larger = fewer visible seams, more work."),
         io.Int.Input("temporal_size", default=64, min=1, max=4096, step=1,
-                     tooltip="Video VAEs only: frames per temporal tile. Ignored by VAEs that decode time causally "
+                     tooltip="Video VAEs only: frames per temporal tile (not used, nor checked, for image VAEs). "
+                             "Ignored by VAEs that decode time causally "
                              "with a feature cache (Wan 2.1/2.2): they already run one latent frame at a time with "
                              "the cache carried over, so time is never cut and stays exact."),
         io.Int.Input("temporal_overlap", default=8, min=0, max=4096, step=1,

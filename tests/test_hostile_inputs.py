@@ -228,3 +228,10 @@ def test_item13_temporal_fields_are_ignored_where_time_is_not_cut(vaes, which, s
                                      **dict(TILE_DEFAULTS, temporal_size=1))
     images = out.args[0]
     assert images.shape[-1] == 3 and torch.isfinite(images).all()
+
+
+def test_item13_temporal_fields_are_still_checked_where_time_is_cut():
+    from memorykit_tech import tiled_vae as tv
+    cut = tv.VAEShape(latent_channels=16, spatial_factor=8, time_factor=4, causal_time=True, time_cache=False)
+    with pytest.raises(ValueError, match="temporal_overlap"):
+        tv.make_plan(cut, "decode", (3, 8, 8), 64, 16, temporal_size=1, temporal_overlap=8)
