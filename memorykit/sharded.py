@@ -41,12 +41,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from . import safe_files
+from .validation import NAME_MAX
 
 INDEX_SUFFIX = ".safetensors.index.json"
 SHARD_SUFFIX = ".safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 MAX_INDEX_BYTES = 512 * 2**20  # an index of 10⁶ tensors is ~60 MB; refused above this before reading
-NAME_MAX = 255  # bytes of one path component
 
 Progress = Callable[[int, int], None]
 """``progress(done, total)``: called after each shard (``done`` shards of ``total`` finished)."""

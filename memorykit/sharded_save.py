@@ -32,6 +32,7 @@ import torch
 
 from . import leftovers, safe_files
 from .sharded import Progress
+from .validation import NAME_MAX
 
 # Same units as huggingface_hub.serialization._base.SIZE_UNITS (decimal, as HF writes them).
 SIZE_UNITS = {"TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3}
@@ -93,7 +94,6 @@ def previous_save(folder: str | os.PathLike, filename_pattern: str = DEFAULT_PAT
     return present + [safe_files.SAVE_MARKER]
 
 
-NAME_MAX = 255  # bytes of one path component on Linux, macOS and Windows file systems
 
 
 def partial_folder(folder: Path) -> Path:
@@ -193,13 +193,13 @@ def save_sharded(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike,
         leftovers.track(tmp)  # removed at the next start if this process is killed
         for i, fname in enumerate(files):
             shard = {k: sd[k].to("cpu").contiguous() for k in file_to_tensors[fname]}
-            _write(lambda: save_file(shard, str(tmp / fname), metadata={"format": "pt", **metadata}), folder, fname)
+            _write(folder, fname, save_file, shard, str(tmp / fname), metadata={"format": "pt", **metadata})
             del shard
             if progress is not None:
                 progress(i + 1, len(files))
         index = {"metadata": {**split.metadata, **metadata}, "weight_map": tensor_to_filename}
-        _write(lambda: (tmp / index_name).write_text(json.dumps(index, indent=2)), folder, index_name)
-        _write(lambda: safe_files.write_marker(tmp, files + [index_name]), folder, safe_files.SAVE_MARKER)
+        _write(folder, index_name, (tmp / index_name).write_text, json.dumps(index, indent=2))
+        _write(folder, safe_files.SAVE_MARKER, safe_files.write_marker, tmp, files + [index_name])
         if old_files is None:
             _new_folder(tmp, folder)
         else:
@@ -211,12 +211,13 @@ def save_sharded(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike,
             "tensors": len(tensor_to_filename), "total_bytes": total}
 
 
-def _write(write, folder: Path, fname: str) -> None:
-    """Run ``write()``; an OSError or SafetensorError (a full disk, an I/O error) becomes an
-    OSError naming the file and the destination."""
+def _write(folder: Path, fname: str, write, *args, **kwargs) -> None:
+    """``write(*args, **kwargs)`` (writing ``fname`` for ``folder``); an OSError or
+    SafetensorError (a full disk, an I/O error) becomes an OSError naming the file and the
+    destination."""
     from safetensors import SafetensorError
     try:
-        write()
+        write(*args, **kwargs)
     except (OSError, SafetensorError) as e:
         free = shutil.disk_usage(folder.parent).free if folder.parent.exists() else 0
         msg = (f"could not write {fname} for {folder}: {e} ({free / 2**30:.2f} GiB free on that disk; nothing was "

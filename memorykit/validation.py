@@ -23,7 +23,8 @@ import math
 import unicodedata
 
 try:  # Python 3.11+
-    from re import _constants as _c, _parser as _p
+    from re import _constants as _c
+    from re import _parser as _p
 except ImportError:  # Python 3.10
     import sre_constants as _c  # type: ignore[no-redef]
     import sre_parse as _p  # type: ignore[no-redef]
@@ -185,7 +186,7 @@ class Pattern:
             if s in seen:
                 continue
             seen.add(s)
-            kind, data, out = self._states[s]
+            kind, _pred, out = self._states[s]
             if kind == _SPLIT:
                 stack.extend(out)
             elif kind == _BEGIN and begin or kind == _END and end:
@@ -217,16 +218,24 @@ class Pattern:
         return self._matched(cur)
 
 
-def _in_pred(items) -> callable:
+def _is(c: str):
+    return lambda ch: ch == c
+
+
+def _is_not(c: str):
+    return lambda ch: ch != c
+
+
+def _in_pred(items):
     tests, negate = [], False
     for op, av in items:
         name = str(op)
         if name == "NEGATE":
             negate = True
         elif name == "LITERAL":
-            tests.append(lambda ch, c=chr(av): ch == c)
+            tests.append(_is(chr(av)))
         elif name == "NOT_LITERAL":
-            tests.append(lambda ch, c=chr(av): ch != c)
+            tests.append(_is_not(chr(av)))
         elif name == "RANGE":
             tests.append(lambda ch, lo=av[0], hi=av[1]: lo <= ord(ch) <= hi)
         elif name == "CATEGORY" and av in _CATEGORY:
@@ -258,9 +267,9 @@ def _build(pattern: str) -> Pattern:
         if name in _UNSUPPORTED:
             raise _Unsupported(_UNSUPPORTED[name])
         if name == "LITERAL":
-            return new(_CHAR, lambda ch, c=chr(av): ch == c, nxt)
+            return new(_CHAR, _is(chr(av)), nxt)
         if name == "NOT_LITERAL":
-            return new(_CHAR, lambda ch, c=chr(av): ch != c, nxt)
+            return new(_CHAR, _is_not(chr(av)), nxt)
         if name == "ANY":
             return new(_CHAR, lambda ch: ch != "\n", nxt)
         if name == "IN":
