@@ -87,8 +87,9 @@ def previous_save(folder: str | os.PathLike, filename_pattern: str = DEFAULT_PAT
         raise FileExistsError(
             f"{folder} is not a sharded checkpoint written by Save Sharded (no valid {safe_files.SAVE_MARKER} marker; "
             f"it holds: {shown or 'nothing'}); overwrite replaces only a checkpoint Save Sharded wrote and never "
-            "deletes other files: choose another name, or move those files away. (A folder saved by a MemoryKit "
-            "version before 0.4 has no marker either: delete or move it yourself, then save again.)")
+            "deletes other files: choose another name, or move those files away. (A folder saved by an earlier "
+            "MemoryKit version, before the marker existed, has none either: delete or move it yourself, then save "
+            "again.)")
     present = [n for n in files if (folder / n).is_file() and not (folder / n).is_symlink()]
     present.sort(key=lambda n: not n.endswith(".index.json"))  # indexes first: never an index naming missing shards
     return present + [safe_files.SAVE_MARKER]
