@@ -7,11 +7,12 @@ use diffusers' names and miss most of these layers.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
+
+from . import validation
 
 CASTABLE_TYPES = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 HIGH_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
@@ -120,23 +121,12 @@ def default_skip_patterns(family: str, preset: str = "auto") -> list[tuple[str, 
 
 
 def parse_patterns(text: str) -> list[str]:
-    """Regex patterns from free text: one per line or comma-separated; blank lines and lines
-    starting with ``#`` are ignored. Raises ValueError naming the first invalid pattern."""
-    out = []
-    for line in (text or "").splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        for pat in (p.strip() for p in line.split(",")):
-            if not pat:
-                continue
-            try:
-                re.compile(pat)
-            except re.error as e:
-                raise ValueError(f"invalid skip pattern {pat!r}: {e} (patterns are Python regular "
-                                 "expressions searched in module names, e.g. 'double_blocks\\.0\\.')") from None
-            out.append(pat)
-    return out
+    """Skip patterns from the ``extra_skip_patterns`` text (see :func:`validation.split_patterns`:
+    one per line, or separated by commas outside brackets/braces/parentheses; ``#`` lines
+    ignored). Each is checked by :func:`validation.compile_pattern` (Python regex syntax without
+    backreferences/lookarounds, matched in linear time). Raises ValueError naming the field and
+    the first invalid pattern."""
+    return validation.parse_patterns(text, "extra_skip_patterns")
 
 
 @dataclass
@@ -152,14 +142,15 @@ def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str
                 get_module: Callable[[str, torch.nn.Module], torch.nn.Module] | None = None) -> LayerPlan:
     """Split the Linear/Conv1d/2d/3d layers of ``module`` into cast and kept.
 
-    A layer is kept when a pattern (``re.search`` on its dotted name) matches, when its weight
+    A layer is kept when a pattern (``re.search`` semantics on its dotted name, matched in linear
+    time by :func:`validation.compile_pattern`) matches, when its weight
     is not float32/float16/bfloat16 (already quantised, e.g. core's fp8 weight dtype), or when
     it holds parameters/buffers other than ``weight``/``bias`` (e.g. core's scaled-fp8 ops).
     ``get_module(name, module)`` may map a module found in the tree to the one to inspect
     (ComfyUI: the original behind an object patch).
     """
     pats = [(p, p) if isinstance(p, str) else (p[0], f"{p[0]} ({p[1]})") for p in skip_patterns]
-    compiled = [(re.compile(p), why) for p, why in pats]
+    compiled = [(validation.compile_pattern(p, "skip pattern"), why) for p, why in pats]
     plan = LayerPlan()
     for name, m in module.named_modules():
         if get_module is not None:

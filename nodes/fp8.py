@@ -48,8 +48,11 @@ class Fp8LayerwiseCast(io.ComfyNode):
                                "weight memory). none: cast every Linear/Conv."),
                 io.String.Input("extra_skip_patterns", default="", multiline=True,
                                 tooltip="More layers to keep: Python regular expressions searched in ComfyUI's "
-                                "module names (one per line or comma-separated), e.g. 'double_blocks\\.0\\.' "
-                                "or 'attn.*\\.proj$'. Lines starting with # are ignored."),
+                                "module names, e.g. 'double_blocks\\.0\\.' or 'attn.*\\.proj$'. One per line, or "
+                                "several on a line separated by commas outside (), [] and {} ('blocks\\.{0,1}0' "
+                                "stays whole; '\\,' is a literal comma). Lines starting with # are ignored. "
+                                "Matched in linear time, so backreferences, lookarounds, \\b and inline flags "
+                                "are refused."),
             ],
             outputs=[io.Model.Output(display_name="MODEL", tooltip="The model with float8 weight storage.")],
         )

@@ -6,7 +6,7 @@ from comfy_api.latest import io
 
 import folder_paths
 
-from ..memorykit import comfy_integration
+from ..memorykit import comfy_integration, validation
 from ..memorykit.offload_plan import SCHEDULERS, GroupOffloadOptions
 
 DESCRIPTION = (
@@ -65,6 +65,7 @@ def _settings(node_id, offload_type, num_blocks_per_group, vram_budget_gb, use_s
                                   low_cpu_mem_usage=low_cpu_mem_usage, offload_to=offload_to,
                                   scheduler=scheduler or "memorykit")
     options.validate()
+    vram_budget_gb = validation.finite_number(vram_budget_gb, "vram_budget_gb", 0.0, 1024.0)
     return comfy_integration.GroupOffloadSettings(options=options, vram_budget_bytes=int(vram_budget_gb * 2**30),
                                                   disk_folder=disk_folder.strip(),
                                                   node_id=None if node_id is None else str(node_id))

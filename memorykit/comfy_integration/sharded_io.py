@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .. import badge, report, scaled_fp8, sharded, sharded_save
+from .. import badge, report, safe_files, scaled_fp8, sharded, sharded_save, validation
 from . import placement
 from .common import loaded_models, weight_dtype_options
 from .compat import model_state_dict_for_saving as _compat_state_dict
@@ -188,39 +188,32 @@ def _fp8_layers_for_saving(model, sd: dict) -> tuple[dict, dict | None]:
     return scaled_fp8.checkpoint_tensors(sd, prefix, layers, core_linears)
 
 
-def _check_save_name(name: str, parts: list[str]) -> None:
-    bad = next((i for i, c in enumerate(name) if ord(c) < 32 or ord(c) == 127), None)
-    if bad is not None:
-        raise ValueError(f"name {name!r}: character {bad + 1} is a control character ({name[bad]!r}); "
-                         "remove it (folder names are printable text)")
-    for part in parts:
-        if part.startswith("."):
-            raise ValueError(f"name {name!r}: the folder name {part!r} starts with '.', so it is hidden and Sharded "
-                             "Checkpoint Loader would never list it; remove the leading '.'")
-        n = len(part.encode("utf-8"))
-        if n > sharded_save.NAME_MAX:
-            raise ValueError(f"name: the folder name {part[:40]!r}... is {n} bytes long; file systems allow at most "
-                             f"{sharded_save.NAME_MAX}: shorten it")
-
-
 def save_model_sharded(model, name: str, max_shard_size: str = "5GB", overwrite: bool = False, progress=None) -> dict:
     """Write a MODEL into ``models/diffusion_models/<name>/`` as shards + index.
 
     ``name``: a folder name (sub-folders with ``/`` allowed; no ``..``, not absolute). See
     ``sharded_save.save_sharded`` for the files, the atomic write and ``overwrite``. Returns its
     summary plus ``seconds`` and ``choice`` (the entry Sharded Checkpoint Loader lists).
-    Raises ValueError for a bad name or size, FileExistsError for an existing folder (with
-    ``overwrite``: one that holds no earlier Save Sharded checkpoint; only that checkpoint's
-    index and shards are replaced, other files in the folder are kept).
+    Raises ValueError for a bad name (each component checked by
+    :func:`validation.path_component`; a path over PATH_MAX or through an existing file) or
+    size, PermissionError for a read-only folder, OSError(ENOSPC) when the disk cannot hold the
+    save (checked before writing), FileExistsError for an existing folder (with ``overwrite``:
+    one that holds no Save Sharded marker; only that save's files are replaced, other files in
+    the folder are kept).
     """
     import comfy.utils
-    name = (name or "").strip().rstrip("/")
-    parts = name.replace("\\", "/").split("/")
-    if not name or os.path.isabs(name) or any(p in ("", ".", "..") for p in parts):
+    name = (name or "").strip().rstrip("/") if isinstance(name, str) else name
+    if not isinstance(name, str) or not name or os.path.isabs(name):
         raise ValueError(f"name {name!r}: give a folder name inside models/diffusion_models (no '..', not absolute)")
-    _check_save_name(name, parts)
+    parts = name.replace("\\", "/").split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"name {name!r}: give a folder name inside models/diffusion_models (no '..', not absolute)")
+    for part in parts:
+        validation.path_component(part, "name")
     sharded_save.parse_size(max_shard_size)  # fail before any work
-    dest = diffusion_models_dir() / name
+    root = diffusion_models_dir()
+    dest = root / name
+    safe_files.check_destination(dest, 0, "name")  # path length, a file in the way, read-only folder
     if dest.exists() and not overwrite:
         raise FileExistsError(f"{dest} already exists; choose another name or enable overwrite to replace it")
     if dest.exists():
