@@ -22,6 +22,7 @@ from ..offload import check_disk_folder
 from . import placement
 from .common import loaded_models
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
+from .fp8_patcher import plain_fp8_layers
 
 DEVICE_MAP_ATTACHMENT = "memorykit_device_map"
 # ComfyUI passes transformer_options (patches, wrappers, callbacks) down every forward; its
@@ -206,6 +207,7 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     folder = folder or folder_paths.get_temp_directory()
     plan = DeviceMapPlan(device_map, main, folder)
     clone = opt_out_of_dynamic_vram(model, "Balanced Device Map")
+    plain_fp8_layers(clone, "Balanced Device Map")  # core's QuantizedTensor layers → plain float8 tensors
     clone.__class__ = _device_map_patcher_class(type(clone))
     clone.set_attachments(DEVICE_MAP_ATTACHMENT, plan)
 

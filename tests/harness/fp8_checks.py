@@ -18,9 +18,9 @@ def load_and_forward(patcher, *args, **kwargs) -> torch.Tensor:
 
 
 def cast(ci, model, storage="float8_e4m3fn", compute="auto", scaling="per-tensor", preset="auto", extra="",
-         fp8_matmul=False):
+         fp8_matmul=False, lora_mode="unmerged"):
     with torch.inference_mode():
-        return ci.fp8_layerwise_cast(model, storage, compute, scaling, preset, extra, fp8_matmul)
+        return ci.fp8_layerwise_cast(model, storage, compute, scaling, preset, extra, fp8_matmul, lora_mode)
 
 
 def fingerprint(module: torch.nn.Module) -> dict:
