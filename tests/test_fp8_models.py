@@ -18,6 +18,7 @@ from harness.fp8_checks import (
     fingerprint,
     load_and_forward,
     rel,
+    wan_model_and_inputs,
 )
 
 E4M3 = torch.float8_e4m3fn
@@ -122,12 +123,7 @@ def pairwise(options: dict[str, list]) -> list[dict]:
 
 
 def test_wan_all_pairs_of_options(ci, fp8, comfy, fixture_models):
-    import comfy.sd
-    with torch.inference_mode():
-        plain = comfy.sd.load_diffusion_model(str(fixture_models["wan"]))
-    gen = torch.Generator().manual_seed(1)
-    args = (torch.randn(1, 16, 3, 16, 16, generator=gen), torch.tensor([0.6]))
-    kwargs = {"c_crossattn": torch.randn(1, 16, 4096, generator=gen) * 0.5}
+    plain, args, kwargs = wan_model_and_inputs(fixture_models)
     before = fingerprint(plain.model.diffusion_model)
     ref = load_and_forward(plain, *args, **kwargs)
     rows = pairwise({"storage": list(fp8.STORAGE_DTYPES), "compute": ["auto"] + list(fp8.COMPUTE_DTYPES),

@@ -129,7 +129,6 @@ def add_unmerged_patches(patcher, *args, **kwargs) -> None:
 def remove_unmerged_patches(patcher, *args, **kwargs) -> None:
     """ON_DETACH callback: drop the patches :func:`add_unmerged_patches` installed (core only
     wipes ``weight_function`` lists of partially loaded models at unpatch)."""
-    import comfy.model_patcher
     for m in patcher.model.modules():
         if is_unmerged_layer(m) and m.weight_function:
             m.weight_function = [f for f in m.weight_function if not (

@@ -177,7 +177,7 @@ def _fp8_layers_for_saving(model, sd: dict) -> tuple[dict, dict | None]:
         if fp8_core.is_core_layer(layer):  # core's QuantizedTensor: its float8 data and scale
             for suffix in ("weight_scale", "comfy_quant"):
                 sd.pop(f"{prefix}{name}.{suffix}", None)
-            if isinstance(sd.get(key), torch.Tensor) and hasattr(sd[key], "_qdata"):
+            if key in sd:  # the layer's own float8 data (0.33's state dict may hold it without its scale)
                 sd[key], scale = fp8_core.storage_tensor(layer).detach(), fp8_core.weight_scale(layer)
         if fp8_core.is_unmerged_layer(layer) and f"diffusion_model.{name}.weight" in model.patches:
             sd[key], scale = fp8_core.merged_for_saving(layer, model.patches, f"diffusion_model.{name}.weight")
