@@ -206,15 +206,15 @@ def _fp8_layer(orig: torch.nn.Module, q: torch.Tensor, scale, bias, fp8_matmul: 
 _QUANTIZED: dict[int, tuple] = {}
 
 
-def _quantized(w: torch.Tensor, storage, scaling: str, work, out_device, memo: bool):
-    """:func:`memorykit.fp8.quantize_weight` of ``w``; ``memo`` (the core path): a power-of-two
-    scale, memoised per (weight tensor, storage, scaling, device) while ``w`` lives."""
-    key = (storage, scaling, str(out_device))
+def _quantized(w: torch.Tensor, storage, scaling: str, work, out_device, memo: bool, power_of_two: bool):
+    """:func:`memorykit.fp8.quantize_weight` of ``w`` (``power_of_two``: see there); ``memo``
+    (the core path): memoised per (weight tensor, storage, scaling, scale kind, device) while
+    ``w`` lives."""
+    key = (storage, scaling, power_of_two, str(out_device))
     entry = _QUANTIZED.get(id(w))
     if memo and entry is not None and entry[0]() is w and key in entry[1]:
         return entry[1][key]
-    # Core's QuantizedTensor multiplies by the scale in the compute dtype: a power-of-two scale is exact there.
-    out = fp8.quantize_weight(w, storage, scaling, work_device=work, out_device=out_device, power_of_two=memo)
+    out = fp8.quantize_weight(w, storage, scaling, work_device=work, out_device=out_device, power_of_two=power_of_two)
     if memo:
         if entry is None or entry[0]() is not w:
             wid = id(w)
@@ -342,7 +342,9 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
         orig = original(name, None) if not in_tree else comfy.utils.get_attr(n.model, key)
         w = _unpatched(n, orig, key, "weight", in_tree)
         core = core_fmt is not None and isinstance(orig, torch.nn.Linear)
-        q, s = _quantized(w, storage, scaling, work, n.offload_device, memo=core)
+        # Core's QuantizedTensor multiplies by the scale in the compute dtype: a power-of-two scale is
+        # exact there in every dtype (amax/fmax is rounded to 8 bits in bf16, an e5m2 one is an fp16 subnormal).
+        q, s = _quantized(w, storage, scaling, work, n.offload_device, memo=core, power_of_two=core)
         b = _unpatched(n, orig, key, "bias", in_tree)
         b = None if b is None else b.detach().to(n.offload_device, copy=True)
         if core:
