@@ -1,14 +1,17 @@
 """FP8 Layerwise Cast inside ComfyUI.
 
-The float8 tensors belong to the clone: each cast layer becomes a *new* ComfyUI cast-op module
-(same class as the original, plus :class:`_Fp8CastOp`) holding the float8 weight, its scale and
-a copy of the bias; the clone carries these modules as object patches. ComfyUI swaps object
-patches in at ``patch_model`` (before ``load`` moves weights, so only float8 bytes ever reach
-the device, and any later ON_LOAD hook such as group offloading sees and streams float8
-tensors) and restores the originals at ``unpatch_model``. The shared nn.Module is never
-written. LoRA patches (before or after this node) reach the new modules through ComfyUI's
-``convert_weight``/``set_weight`` protocol (as core's scaled-fp8 ops): at load the LoRA delta is
-added to the original high-precision weight in float32 and the sum is stored in float8 once.
+The float8 tensors belong to the clone: each cast layer becomes a *new* layer holding the float8
+weight, its scale and a copy of the bias — core's mixed-precision Linear with a
+``QuantizedTensor`` where this ComfyUI has one (:mod:`.fp8_core`), else a ComfyUI cast-op module
+(same class as the original, plus :class:`_Fp8CastOp`); the clone carries these modules as
+object patches. ComfyUI swaps object patches in at ``patch_model`` (before ``load`` moves
+weights, so only float8 bytes ever reach the device, and any later ON_LOAD hook such as group
+offloading sees and streams float8 tensors) and restores the originals at ``unpatch_model``. The
+shared nn.Module is never written. LoRA patches (before or after this node) reach the new
+modules through ComfyUI's ``convert_weight``/``set_weight`` protocol (as core's scaled-fp8 ops):
+by default (``lora_mode="unmerged"``) the delta is added per forward to the dequantised weight;
+``merged`` adds it at load to the original high-precision weight in float32 and stores the sum
+in float8 once.
 """
 from __future__ import annotations
 
@@ -202,7 +205,7 @@ def _fp8_layer(orig: torch.nn.Module, q: torch.Tensor, scale, bias, fp8_matmul: 
 
 # Float8 tensors of core-path layers per original weight, so a re-run of the node on another clone
 # of the same model (a LoRA strength change before this node) reuses them (core's layers never
-# write them in place): id(weight) → (weakref to it, {(storage, scaling, device): (q, s)}).
+# write them in place): id(weight) → (weakref to it, {(storage, scaling, power of two, device): (q, s)}).
 _QUANTIZED: dict[int, tuple] = {}
 
 
