@@ -56,11 +56,12 @@ def _peak(rep: dict) -> str | None:
 
 
 def _fp8(info: dict) -> list[str]:
+    # "(core)": the Linear layers hold core's QuantizedTensor (fp8_core); the text has the full path.
     before, after = info["weight_bytes_before"], info["weight_bytes_after"]
     pct = round(100 * (after - before) / before) if before else 0
     sign = "−" if pct < 0 else "+"
     return [f"{fmt_bytes_pair(before, after)} ({sign}{abs(pct)} %)",
-            f"{info.get('cast_layers', 0)} layers fp8",
+            f"{info.get('cast_layers', 0)} layers fp8" + (" (core)" if info.get("core_layers") else ""),
             f"{len(info.get('kept_layers', []))} kept"]
 
 

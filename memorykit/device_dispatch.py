@@ -183,7 +183,8 @@ def _pack_to_disk(folder: str, state_dict: dict) -> tuple[DiskStore, dict]:
 
 
 def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folder: str | None = None,
-                        main_device: Device | None = None, skip_keys: list[str] | None = None) -> DispatchedModel:
+                        main_device: Device | None = None, skip_keys: list[str] | None = None,
+                        preload_module_classes: list[str] | None = None) -> DispatchedModel:
     """Place ``module`` according to ``device_map`` with ``accelerate.dispatch_model``.
 
     ``device_map``: a full map of ``module`` (see :func:`memorykit.device_map.validate_device_map`).
@@ -193,6 +194,10 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
     weights (+ 256 MiB). ``main_device``: where inputs go and offloaded entries are
     computed (default: the first GPU in map order, else cpu). ``skip_keys``: keyword arguments
     (and dict keys) the hooks pass through without moving tensors inside them.
+    ``preload_module_classes``: class names (the blocks) whose offloaded weights are all loaded
+    when the module's own forward starts, not per submodule: a block that reads a submodule's
+    weight without calling that submodule (e.g. the q/k norms of NextDiT and Cosmos attention,
+    read by core's fused RoPE kernels) then reads real values, not meta placeholders.
 
     Hooks are attached even for a single-device map (``force_hooks``), so the root always
     moves its inputs to the main device and its outputs back to the input's device.
@@ -232,7 +237,8 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
                 weights.update(extract_submodules_state_dict(module.state_dict(), cpu))
     try:
         dispatch_model(module, device_map=expanded, main_device=main, state_dict=weights,
-                       offload_index={} if weights is not None else None, skip_keys=skip_keys, force_hooks=True)
+                       offload_index={} if weights is not None else None, skip_keys=skip_keys,
+                       preload_module_classes=preload_module_classes, force_hooks=True)
     except BaseException as e:
         try:
             _restore(module, original, own_forwards)

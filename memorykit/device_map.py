@@ -196,23 +196,110 @@ def plan_device_map(module: torch.nn.Module, max_memory: dict | None, strategy: 
     stored (``dtype=None``). Returns ``(device_map, budgets)``: the map (in module order) and the
     per-device budgets the map was fitted into (after balancing).
 
-    Raises ValueError for an unknown strategy, and when ``allow_disk`` is False but the budgets
-    cannot hold the model (the message names what did not fit and the largest block).
+    What lies outside every block (``no_split_module_classes``) stays on the main device
+    (:func:`resident_remainder`): accelerate's map is recomputed with those bytes reserved there.
+    The result is checked against ``max_memory`` (:func:`check_budgets`).
+
+    Raises ValueError for an unknown strategy, when ``allow_disk`` is False but the budgets
+    cannot hold the model (the message names what did not fit and the largest block), and when
+    a device of ``max_memory`` would hold more than its budget (naming the device and the shortfall).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
     no_split = list(no_split_module_classes)
+    blocks = block_names(module, no_split)
     budgets = None if max_memory is None else dict(max_memory)
     if strategy == "sequential":
         budgets = get_max_memory(budgets)
     else:
         budgets = get_balanced_memory(module, max_memory=budgets, no_split_module_classes=no_split,
                                       low_zero=strategy == "balanced_low_0")
-    device_map = in_module_order(module, infer_auto_device_map(module, max_memory=dict(budgets),
-                                                               no_split_module_classes=no_split))
+    planned, reserve = dict(budgets), 0
+    for _ in range(4):  # each round reserves on the main device what the previous one offloaded
+        device_map = in_module_order(module, infer_auto_device_map(module, max_memory=dict(planned),
+                                                                   no_split_module_classes=no_split))
+        device_map, moved = resident_remainder(module, device_map, blocks)
+        main = main_device(device_map)
+        if not moved or main not in budgets:
+            break
+        reserve += moved
+        planned[main] = max(0, budgets[main] - reserve)
     if not allow_disk and "disk" in device_map.values():
         raise ValueError(_too_small_message(module, device_map, max_memory or budgets, no_split))
+    if max_memory is not None:
+        check_budgets(module, device_map, max_memory, blocks)
     return device_map, budgets
+
+
+def _holds_block(name: str, blocks: list[str]) -> bool:
+    return name == "" or any(b.startswith(name + ".") for b in blocks)
+
+
+def _in_block(name: str, blocks: list[str]) -> bool:
+    return any(name == b or name.startswith(b + ".") for b in blocks)
+
+
+def resident_remainder(module: torch.nn.Module, device_map: dict, blocks: Iterable[str]) -> tuple[dict, int]:
+    """``device_map`` with everything outside every block kept on the main device; returns
+    ``(map, bytes moved)``.
+
+    The one rule for tensors outside the blocks (root-level tokens such as NextDiT's
+    ``x_pad_token``, embeddings used by indexing, modules a forward moves with ``.to()``):
+    they may be read outside their own module's forward, where accelerate's offload hooks never
+    run, so they must never be offloaded (``disk``, or ``cpu`` under a GPU main device: both
+    leave a meta placeholder). Inside a block, weights read outside a submodule's forward are
+    covered by preloading the whole block (``dispatch_model``'s ``preload_module_classes``, see
+    :func:`memorykit.device_dispatch.dispatch_device_map`). Group Offload keeps its remainder
+    resident by the same rule (:mod:`memorykit.offload_plan`). An offloaded entry that holds
+    blocks and other tensors is split into its children and direct tensors.
+    """
+    blocks = list(blocks)
+    main = main_device(device_map)
+    offloaded = {"disk"} | ({"cpu"} if main not in OFFLOAD_DEVICES else set())
+    modules = dict(module.named_modules())
+    sizes = compute_module_sizes(module)
+    out: dict = {}
+    moved = 0
+
+    def place(name: str, device) -> None:
+        nonlocal moved
+        if device not in offloaded or _in_block(name, blocks):
+            out[name] = device
+        elif not _holds_block(name, blocks) or name not in modules:
+            out[name] = main
+            moved += int(sizes.get(name, 0))
+        else:
+            prefix = f"{name}." if name else ""
+            m = modules[name]
+            for n, _ in list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False)):
+                place(prefix + n, device)
+            for n, c in m.named_children():
+                if len(c.state_dict()) > 0:
+                    place(prefix + n, device)
+
+    for k, d in device_map.items():
+        place(k, d)
+    return in_module_order(module, out), moved
+
+
+def check_budgets(module: torch.nn.Module, device_map: dict, max_memory: dict, blocks: Iterable[str] = ()) -> None:
+    """Raise ValueError when ``device_map`` puts more bytes on a device than ``max_memory``
+    allows (the message names the device, what the map needs there and the shortfall)."""
+    per = bytes_per_device(module, device_map)
+    blocks = list(blocks)
+    for d, cap in max_memory.items():
+        cap = convert_file_size_to_int(cap) if isinstance(cap, str) else int(cap)
+        used = per.get(device_name(d), 0)
+        if used > cap:
+            sizes = compute_module_sizes(module)
+            rest = sum(int(sizes.get(k, 0)) for k, v in device_map.items()
+                       if v == d and not _in_block(k, blocks))
+            why = (f" ({format_bytes(rest)} of it outside every block, which stays on the main device)"
+                   if rest else "")
+            raise ValueError(f"max_memory {device_name(d)}={format_bytes(cap).replace(' ', '')} is too small: the "
+                             f"plan needs {format_bytes(used)} on {device_name(d)}{why}, "
+                             f"{format_bytes(used - cap)} more. Raise {device_name(d)} to at least "
+                             f"{format_bytes(used).replace(' ', '')}.")
 
 
 def _too_small_message(module, device_map: dict, budgets: dict, no_split: list[str]) -> str:

@@ -58,6 +58,7 @@ class GroupOffloadHandle:
         self.onload_device, self.offload_device = onload, offload
         self.disk_dir: str | None = None
         self.forwards = 0
+        self.never_ran: list[str] = []
         self.removed = False
         self._placements = [(t, t.device, _pinned(t)) for t in module_tensors(module)]
         mods = list(module.modules())
@@ -255,7 +256,12 @@ def _apply_event_ring(h: GroupOffloadHandle, lists: BlockLists) -> None:
 
 def _install_counters(h: GroupOffloadHandle, check: list[tuple[str, nn.Module]]) -> None:
     """Count forwards of the module; in block_level, check on the first forward that every
-    streamed block ran through its own forward (diffusers' hooks only fire there)."""
+    streamed block ran through its own forward (diffusers' hooks only fire there).
+
+    A block of which nothing ran (neither its forward nor any submodule's, e.g. ACE-Step's
+    ``projectors``, unused at inference) never ran rather than ran the wrong way: it is listed
+    in ``h.never_ran`` and left alone. A block whose submodules ran without its own forward
+    is an error."""
     ref = weakref.ref(h)
     seen: set[int] = set()
 
@@ -269,19 +275,25 @@ def _install_counters(h: GroupOffloadHandle, check: list[tuple[str, nn.Module]])
     if not check:
         return
     block_hooks = [b.register_forward_pre_hook(lambda m, a, i=id(b): seen.add(i)) for _, b in check]
+    inner: set[int] = set()  # blocks some submodule of which ran
+    inner_hooks = [m.register_forward_pre_hook(lambda mod, a, i=id(b): inner.add(i))
+                   for _, b in check for m in b.modules() if m is not b]
 
     def top_post(mod, args, out):
-        missing = [n for n, b in check if id(b) not in seen]
+        missing = [n for n, b in check if id(b) not in seen and id(b) in inner]
         if missing:
             raise RuntimeError(
                 f"Group offloading (block_level): blocks {missing[:4]} did not run through their own forward() "
                 f"in {type(mod).__name__}, so their weights could not be streamed. Use offload_type=leaf_level "
                 "for this model.")
-        for bh in block_hooks + [post_handle]:
+        hh = ref()
+        if hh is not None:
+            hh.never_ran = [n for n, b in check if id(b) not in seen]
+        for bh in block_hooks + inner_hooks + [post_handle]:
             bh.remove()
 
     post_handle = h.module.register_forward_hook(top_post)
-    h._torch_hooks += block_hooks + [post_handle]
+    h._torch_hooks += block_hooks + inner_hooks + [post_handle]
 
 
 def _collect_groups(module: nn.Module) -> list:
@@ -372,6 +384,7 @@ def offload_figures(h: GroupOffloadHandle) -> dict:
         "offload_to": o.offload_to, "use_stream": o.use_stream, "record_stream": o.record_stream,
         "low_cpu_mem_usage": o.low_cpu_mem_usage, "num_blocks_per_group": o.group_size, "forwards": h.forwards,
         "h2d_bytes_per_forward": 0 if same else p.streamed_bytes, "removed": h.removed,
+        "never_ran_blocks": list(h.never_ran),
     }
     if h.ring is not None:
         ring = h.ring.figures()

@@ -28,6 +28,10 @@ def offload_summary(info: dict) -> list[str]:
         lines.append(f"per forward: {gib(f['h2d_bytes_per_forward'])} GiB to {f['onload_device']}, "
                      f"{gib(f['d2h_bytes_per_forward'])} GiB back, {gib(f['disk_read_bytes_per_forward'])} GiB "
                      f"from disk; pinned {gib(f['pinned_host_bytes'])} GiB")
+        if f.get("never_ran_blocks"):
+            n = f["never_ran_blocks"]
+            lines.append(f"never ran (unused by this model's forward, left alone): {', '.join(n[:4])}"
+                         + (f" and {len(n) - 4} more" if len(n) > 4 else ""))
         if f.get("scheduler") == "memorykit":
             lines.append(f"event ring: {f['groups']} groups through a {gib(f['ring_bytes'])} GiB ring, "
                          f"{gib(f['copied_bytes_last_forward'])} GiB copied in the last forward")

@@ -24,6 +24,7 @@ from .cleanup import default_disk_folder
 from .common import loaded_models
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
 from .offload_patcher import GROUP_OFFLOAD_KEY
+from .fp8_patcher import plain_fp8_layers
 
 DEVICE_MAP_ATTACHMENT = "memorykit_device_map"
 # ComfyUI passes transformer_options (patches, wrappers, callbacks) down every forward; its
@@ -36,12 +37,14 @@ class DeviceMapPlan:
     """What a Balanced Device Map clone carries (as the attachment ``memorykit_device_map``).
 
     ``device_map``: accelerate map of ``model.diffusion_model`` (module order);
-    ``main_device``: where its inputs go; ``offload_folder``: parent folder for ``disk`` entries.
+    ``main_device``: where its inputs go; ``offload_folder``: parent folder for ``disk`` entries;
+    ``block_classes``: the blocks' class names, preloaded whole when offloaded.
     """
 
     device_map: dict
     main_device: object
     offload_folder: str
+    block_classes: tuple = ()
 
 
 class _AppliedDeviceMap(placement.Placement):
@@ -97,7 +100,7 @@ class _DeviceMapPatcherMixin:
         # lowvram casting, weights stay in RAM; accelerate then places them.
         super().load(self.offload_device, 0, force_patch_weights, True)
         handle = dispatch_device_map(self.model.diffusion_model, plan.device_map, plan.offload_folder, plan.main_device,
-                           skip_keys=_DEVICE_MAP_SKIP_KEYS)
+                                     skip_keys=_DEVICE_MAP_SKIP_KEYS, preload_module_classes=list(plan.block_classes))
         placement.install(self, _AppliedDeviceMap(handle, plan, self.patches_uuid, _device(device_to),
                                                   self.offload_device))
         on_load_device = dmap.bytes_per_device(self.model.diffusion_model, plan.device_map).get(
@@ -209,8 +212,12 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     if "disk" in per_device:
         folder = check_disk_folder(folder or default_disk_folder(), what="offload_folder")
     folder = folder or default_disk_folder()
-    plan = DeviceMapPlan(device_map, main, folder)
+    # preloaded whole when offloaded: the blocks whose own forward runs (a UNet's
+    # TimestepEmbedSequential is never called as a whole: its layers are, see comfy_block_lists)
+    preload = dmap.block_classes(diffusion_model, descend_into=("TimestepEmbedSequential",))
+    plan = DeviceMapPlan(device_map, main, folder, tuple(preload))
     clone = opt_out_of_dynamic_vram(model, "Balanced Device Map")
+    plain_fp8_layers(clone, "Balanced Device Map")  # core's QuantizedTensor layers → plain float8 tensors
     clone.__class__ = _device_map_patcher_class(type(clone))
     clone.set_attachments(DEVICE_MAP_ATTACHMENT, plan)
 

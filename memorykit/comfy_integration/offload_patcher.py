@@ -29,6 +29,7 @@ from . import placement
 from .cleanup import default_disk_folder
 from .common import loaded_models, weight_dtype_options
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram, patcher_free_memory
+from .fp8_patcher import plain_fp8_layers
 
 _log = logging.getLogger("MemoryKit")
 GROUP_OFFLOAD_KEY = "memorykit_group_offload"
@@ -271,6 +272,7 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
     if settings.options.offload_to == "disk":
         offload.check_disk_folder(settings.disk_folder or default_disk_folder())
     n = _standard_clone(model)
+    plain_fp8_layers(n, "Group Offload")  # core's QuantizedTensor layers → plain float8 tensors
     n.__class__ = GroupOffloadModelPatcher  # same object layout; how ComfyUI-GGUF makes its patcher from a clone
     n.set_attachments(GROUP_OFFLOAD_KEY, settings)
     n.remove_wrappers_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY)

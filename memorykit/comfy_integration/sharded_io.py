@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .. import badge, report, safe_files, scaled_fp8, sharded, sharded_save, validation
-from . import placement
+from . import fp8_core, placement
 from .common import loaded_models, weight_dtype_options
 from .compat import model_state_dict_for_saving as _compat_state_dict
 from .fp8_patcher import FP8_ATTACHMENT, layer_scale
@@ -172,16 +172,28 @@ def _fp8_layers_for_saving(model, sd: dict) -> tuple[dict, dict | None]:
     # The prefix core's savers give diffusion-model keys (model.diffusion_model., net., ...).
     prefix = next(iter(model.model.model_config.process_unet_state_dict_for_saving({"": None})))
     layers = {}
+    sd = dict(sd)
     for name in cast:
         layer = model.get_model_object(f"diffusion_model.{name}")
+        key = f"{prefix}{name}.weight"
+        scale = None
+        if fp8_core.is_core_layer(layer):  # core's QuantizedTensor: its float8 data and scale
+            for suffix in ("weight_scale", "comfy_quant"):
+                sd.pop(f"{prefix}{name}.{suffix}", None)
+            if key in sd:  # the layer's own float8 data (0.33's state dict may hold it without its scale)
+                sd[key], scale = fp8_core.storage_tensor(layer).detach(), fp8_core.weight_scale(layer)
+        if fp8_core.is_unmerged_layer(layer) and f"diffusion_model.{name}.weight" in model.patches:
+            sd[key], scale = fp8_core.merged_for_saving(layer, model.patches, f"diffusion_model.{name}.weight")
+        elif scale is None and hasattr(layer, "scale_weight"):
+            scale = layer_scale(layer)
         weight = sd.get(f"{prefix}{name}.weight")
         if weight is None or weight.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
             continue
         original = getattr(layer, "_mk_original", (None,))[0]
         dtype = original.weight.dtype if original is not None and original.weight.is_floating_point() \
             and original.weight.dtype.itemsize > 1 else torch.float32
-        layers[name] = scaled_fp8.Fp8Layer(layer_scale(layer) if hasattr(layer, "scale_weight") else None, dtype,
-                                           isinstance(layer, torch.nn.Linear))
+        layers[name] = scaled_fp8.Fp8Layer(scale, dtype,
+                                           isinstance(layer, torch.nn.Linear) or fp8_core.is_core_layer(layer))
     core_linears = {n for n, m in model.model.diffusion_model.named_modules()
                     if isinstance(m, torch.nn.Linear) and hasattr(m, "comfy_cast_weights")}
     core_linears |= {n for n, layer in layers.items() if layer.linear}

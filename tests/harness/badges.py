@@ -12,7 +12,7 @@ _N = r"\d+(\.\d+)?"
 FIGURE_PATTERNS = [re.compile(p) for p in (
     rf"(VRAM|RAM) peak( \(max of \d+\))? {_B}",
     rf"{_N} → {_N} (B|KiB|MiB|GiB) \([−+]\d+ %\)",
-    r"\d+ layers fp8", r"\d+ kept",
+    r"\d+ layers fp8( \(core\))?", r"\d+ kept",
     rf"resident {_B}", rf"streams {_B}/forward( from disk)?", rf"(peak|needs) {_B}",
     rf"\d+ forwards in {_N} s", r"planned",
     r"\d+(×\d+)* tiles", r"\d+×\d+ px", rf"{_N} s",

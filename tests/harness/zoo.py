@@ -243,16 +243,17 @@ def _operations(model):
 
 
 def init_weights(module: torch.nn.Module, seed: int, std: float = 0.02) -> None:
-    """Every floating parameter: normal(0, std) from a generator seeded with ``seed`` (core's
-    operations leave weights uninitialised); buffers stay as built (position tables,
-    frequencies) unless not finite."""
+    """Every floating tensor a checkpoint would hold (parameters and persistent buffers, i.e.
+    the state dict): normal(0, std) from a generator seeded with ``seed`` (core's operations
+    leave them uninitialised, ``torch.empty``). Non-persistent buffers are computed by the
+    model (position tables, frequencies) and stay as built."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        named = [(n, t, True) for n, t in module.named_parameters()] + [(n, t, False) for n, t in module.named_buffers()]
-        for _, t, is_param in sorted(named, key=lambda kv: kv[0]):
-            if not t.is_floating_point() or t.device.type == "meta":
-                continue
-            if is_param or not torch.isfinite(t).all():
+        for _, t in sorted(module.state_dict(keep_vars=True).items(), key=lambda kv: kv[0]):
+            if t.is_floating_point() and t.device.type != "meta":
+                t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.dtype) * std)
+        for _, t in module.named_buffers():  # a computed buffer left empty would be garbage
+            if t.is_floating_point() and t.device.type != "meta" and not torch.isfinite(t).all():
                 t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.dtype) * std)
 
 
@@ -306,3 +307,43 @@ def forward(model, name: str, args=None) -> torch.Tensor:
     x, sigma, kwargs = args if args is not None else inputs(name, base)
     with torch.no_grad():
         return base.apply_model(x, sigma, **kwargs)
+
+
+def reads_outside_forward(model, name: str) -> list[str]:
+    """Parameters of ``model``'s diffusion model that one :func:`forward` reads while their own
+    module's forward is not running (e.g. NextDiT's and Cosmos' q/k-norm weights, read by the
+    attention's fused RoPE kernel on ComfyUI 0.33): what a per-module offload hook never loads.
+    Found with a ``TorchFunctionMode`` that sees every tensor each torch function receives."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_flatten
+    base = getattr(model, "model", model)
+    owner = {id(p): (mn, m, pn) for mn, m in base.diffusion_model.named_modules()
+             for pn, p in m.named_parameters(recurse=False)}
+    active: dict[int, int] = {}
+    found: list[str] = []
+
+    def enter(m, *_):
+        active[id(m)] = active.get(id(m), 0) + 1
+
+    def leave(m, *_):
+        active[id(m)] -= 1
+
+    class Reads(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            for t in tree_flatten((args, kwargs))[0]:
+                o = owner.get(id(t))
+                if o is not None and not active.get(id(o[1])) and f"{o[0]}.{o[2]}" not in found:
+                    found.append(f"{o[0]}.{o[2]}")
+            return func(*args, **kwargs)
+
+    hooks = []
+    for m in base.diffusion_model.modules():
+        hooks += [m.register_forward_pre_hook(enter), m.register_forward_hook(leave)]
+    try:
+        with Reads():
+            forward(base, name)
+    finally:
+        for h in hooks:
+            h.remove()
+    return found
