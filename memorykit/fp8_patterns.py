@@ -9,6 +9,7 @@ most of these layers.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -172,15 +173,19 @@ def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str
                 get_module: Callable[[str, torch.nn.Module], torch.nn.Module] | None = None) -> LayerPlan:
     """Split the Linear/Conv1d/2d/3d layers of ``module`` into cast and kept.
 
-    A layer is kept when a pattern (``re.search`` semantics on its dotted name, matched in linear
-    time by :func:`validation.compile_pattern`) matches, when its weight
+    A layer is kept when a pattern (``re.search`` semantics on its dotted name; a ``str`` is a
+    user's pattern, matched in linear time by :func:`validation.compile_pattern`, a
+    ``(pattern, reason)`` pair a preset's, matched by ``re``) matches, when its weight
     is not float32/float16/bfloat16 (already quantised, e.g. core's fp8 weight dtype), or when
     it holds parameters/buffers other than ``weight``/``bias`` (e.g. core's scaled-fp8 ops).
     ``get_module(name, module)`` may map a module found in the tree to the one to inspect
     (ComfyUI: the original behind an object patch).
     """
-    pats = [(p, p) if isinstance(p, str) else (p[0], f"{p[0]} ({p[1]})") for p in skip_patterns]
-    compiled = [(validation.compile_pattern(p, "skip pattern"), why) for p, why in pats]
+    # A user's pattern (a plain string, from parse_patterns) is matched by the bounded-time
+    # automaton; a preset's (a (pattern, reason) pair written in this module, some with
+    # lookaheads the automaton refuses) by ``re``: fixed, reviewed patterns cannot backtrack badly.
+    compiled = [(validation.compile_pattern(p, "extra_skip_patterns"), p) if isinstance(p, str)
+                else (re.compile(p[0]), f"{p[0]} ({p[1]})") for p in skip_patterns]
     plan = LayerPlan()
     for name, m in module.named_modules():
         if get_module is not None:
