@@ -65,24 +65,25 @@ def _latent_patch(model) -> int:
 def blend_rule(vae, shape: tv.VAEShape) -> tuple[float, bool]:
     """(feather, shared GroupNorm statistics allowed) for this VAE — chosen by its structure.
 
-    - Temporal tiles (a video VAE without a causal time cache: HunyuanVideo, LTX-Video, Mochi,
-      Cosmos): cross-fade over the whole overlap (feather 1.0, core's ramp). Measured (zoo,
-      0.33.0, CPU): the narrow seam (0.25) loses to core on these, e.g. Cosmos spatial-only
-      encode 0.105 vs core 0.076 (issue 25), LTX-Video encode 0.751 vs 0.748, Mochi encode
-      0.859 vs 0.811; their activations near a tile's time border are far from the untiled ones
-      (a causal conv restarts its cache there), so a wide blend averages more of the error away.
-    - Mochi: no shared statistics (its norms see a different number of frames per tile than in
-      the downsampled pre-pass: spatial-only decode 0.51 with them, 0.27 without, core 0.29).
-    - Everything else: feather 0.25 (the seam in the middle of the overlap; SD/Wan figures in
-      ``memorykit/tiled_vae.py``), shared statistics on.
+    Video VAEs without a causal time cache (HunyuanVideo, HunyuanVideo 1.5, LTX-Video, Mochi,
+    Cosmos): cross-fade over the whole overlap (feather 1.0, as core's ramp) and no shared
+    statistics. Their GroupNorms normalise over frames × height × width, and the statistics
+    pre-pass (one downsampled first temporal tile) sees other frames than each tile, so shared
+    statistics hurt even with time uncut; their activations near a tile border are far from the
+    untiled ones, so a wide blend averages more of that away. Measured on the zoo (0.33.0, CPU,
+    tests/test_vae_zoo.py sizes; ours with stats/feather 0.25 → chosen, core):
+    HunyuanVideo decode 1.41 → 1.12 (core 1.18), spatial-only 1.45 → (core 1.10);
+    Mochi decode 0.81 → 0.76 (core 0.80), encode 0.86 → 0.79 (core 0.81); LTX-Video encode
+    0.751 → 0.731 (core 0.748); Cosmos decode 0.187 → 0.162 (core 0.285), spatial-only encode
+    0.051 → 0.048 (core 0.057); issue 25: Mochi spatial-only decode 0.51 with stats, 0.27
+    without (core 0.29), Cosmos spatial-only encode 0.105 at feather 0.25, core 0.076.
+    Image VAEs and Wan 2.1/2.2 (time never cut, the cache carried by the VAE): feather 0.25
+    (seam in the middle of the overlap; SD/Wan figures in ``memorykit/tiled_vae.py``), shared
+    statistics on.
     """
-    feather, stats = tv.DEFAULT_FEATHER, True
     if shape.video and not shape.time_cache:
-        feather = 1.0
-    import comfy.ldm.genmo.vae.model as mochi
-    if isinstance(vae.first_stage_model, mochi.VideoVAE):
-        stats = False
-    return feather, stats
+        return 1.0, False
+    return tv.DEFAULT_FEATHER, True
 
 
 def _decode_heads(model) -> list[tuple[torch.nn.Module, int, str]]:
