@@ -184,3 +184,22 @@ def test_spatial_tiles_only(name, direction, ci):
           f"tiles {info['tiles_per_item']}")
     assert ours.shape == ref.shape and info["tiles_per_item"] > 1 and info["plan"]["tiles_per_axis"][0] == 1
     assert e_ours <= _allowed(e_core)
+
+
+def test_rgba_encode_measures_its_tile_cost_with_four_channels(ci):
+    """A budget makes the node measure the tile cost with probe tiles: they carry the VAE's own
+    4 input channels (a 3-channel probe was a channel-mismatch error), and the alpha channel is
+    encoded (a different alpha gives a different latent)."""
+    entry = vae_zoo.ZOO["wan21_rgba"]
+    if entry.missing():
+        pytest.skip(entry.missing())
+    vae = vae_zoo.build("wan21_rgba")
+    px = _pixels(vae, True, 8, 4, 3)[:5]
+    opts = ci.TiledVAEOptions(tile_px=48, overlap_px=16, memory_budget_gb=1.0)
+    with torch.inference_mode():
+        a, info = ci.tiled_vae_encode(vae, px, opts)
+        px2 = px.clone()
+        px2[..., 3] = 1.0 - px2[..., 3]
+        b, _ = ci.tiled_vae_encode(vae, px2, opts)
+    assert info["cost_source"] == "measured" and info["tiles_per_item"] > 1
+    assert not torch.equal(a, b)
