@@ -72,7 +72,7 @@ def blend_rule(vae, shape: tv.VAEShape) -> tuple[float, bool]:
     statistics hurt even with time uncut; their activations near a tile border are far from the
     untiled ones, so a wide blend averages more of that away. Measured on the zoo (0.33.0, CPU,
     tests/test_vae_zoo.py sizes; ours with stats/feather 0.25 → chosen, core):
-    HunyuanVideo decode 1.41 → 1.12 (core 1.18), spatial-only 1.45 → (core 1.10);
+    HunyuanVideo decode 1.41 → 1.12 (core 1.18), spatial-only 1.45 → 0.98 (core 1.10);
     Mochi decode 0.81 → 0.76 (core 0.80), encode 0.86 → 0.79 (core 0.81); LTX-Video encode
     0.751 → 0.731 (core 0.748); Cosmos decode 0.187 → 0.162 (core 0.285), spatial-only encode
     0.051 → 0.048 (core 0.057); issue 25: Mochi spatial-only decode 0.51 with stats, 0.27
