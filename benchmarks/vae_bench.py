@@ -3,6 +3,8 @@ Decode, side by side on one SD-KL VAE (random finite weights, ComfyUI's own clas
 
     python -m benchmarks.vae_bench --res 2048 --tile 512 --overlap 64     # GPU (runbook)
     python -m benchmarks.vae_bench --res 256 --tile 128 --overlap 32      # CPU
+    python -m benchmarks.vae_bench --zoo wan21 --res 128 --tile 64 --overlap 16 --frames 3 --iters 2
+                                   # any tiny VAE of tests/harness/vae_zoo.py (CPU speed vs core)
 
 Per case: seconds per decode, ratio to untiled, peak VRAM (CUDA), relative L2 error vs
 untiled. Issue 5's targets: decode with 512/64 tiles ≤ 1.6× untiled (core: 4.3× on the H200
@@ -22,7 +24,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from harness import comfy_env, models, paths  # noqa: E402
+from harness import comfy_env, models, paths, vae_zoo  # noqa: E402
 
 
 def build_vae(device: torch.device, tiny: bool = False):
@@ -42,15 +44,17 @@ def build_vae(device: torch.device, tiny: bool = False):
     return comfy.sd.VAE(sd=ae.state_dict())
 
 
-def decoders(vae, res: int, tile: int, overlap: int, budget_gb: float = 0.0) -> dict:
-    """name → zero-argument decode of one ``res``² image's latent: untiled, core tiled, ours."""
+def decoders(vae, res: int, tile: int, overlap: int, budget_gb: float = 0.0, frames: int = 1) -> dict:
+    """name → zero-argument decode of one ``res``² image's latent (video VAEs: ``frames`` latent
+    frames): untiled, core tiled (VAE Decode (Tiled) at the same tiles), ours."""
     tio = importlib.import_module("memorykit_tech.comfy_integration.tiled_vae_io")
     g = torch.Generator().manual_seed(0)
-    if getattr(vae, "latent_dim", 2) == 3:  # video VAE (the dry run's Wan VAE): 1 latent frame
-        lat = torch.randn(1, vae.latent_channels, 1, res // 8, res // 8, generator=g)
+    s = int(vae.spacial_compression_decode())
+    if getattr(vae, "latent_dim", 2) == 3:  # video VAE (the dry run's Wan VAE): 1 latent frame by default
+        lat = torch.randn(1, vae.latent_channels, frames, res // s, res // s, generator=g)
     else:
-        lat = torch.randn(1, 4, res // 8, res // 8, generator=g)
-    t, o = tile // 8, overlap // 8
+        lat = torch.randn(1, vae.latent_channels, res // s, res // s, generator=g)
+    t, o = tile // s, overlap // s
     opts = tio.TiledVAEOptions(tile_px=tile, overlap_px=overlap, memory_budget_gb=budget_gb)
     return {"untiled": lambda: vae.decode(lat),
             f"core_tiled_{tile}_{overlap}": lambda: vae.decode_tiled(lat, tile_x=t, tile_y=t, overlap=o),
@@ -91,12 +95,14 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=1)
     ap.add_argument("--budget-gb", type=float, default=0.0)
     ap.add_argument("--out", help="JSON output")
+    ap.add_argument("--zoo", choices=sorted(vae_zoo.ZOO), help="a tiny VAE of the test zoo instead of the SD VAE")
+    ap.add_argument("--frames", type=int, default=1, help="latent frames (video VAEs)")
     args = ap.parse_args(argv)
     comfy_env.setup_comfy()
     paths.technique_package()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    vae = build_vae(device)
-    cases = list(decoders(vae, args.res, args.tile, args.overlap, args.budget_gb).items())
+    vae = vae_zoo.build(args.zoo) if args.zoo else build_vae(device)
+    cases = list(decoders(vae, args.res, args.tile, args.overlap, args.budget_gb, args.frames).items())
     rows, ref, t_ref = [], None, None
     for name, fn in cases:
         dt, out, peak = timed(fn, device, args.iters)

@@ -23,6 +23,12 @@ class TiledVAEOptions:
     memory_budget_gb: float = 0.0
     shared_norm_stats: bool = True
     global_context: bool = True
+    feather: float | None = None  # None: the VAE's own rule (see blend_rule)
+
+
+def input_channels(vae) -> int:
+    """Image channels the VAE encodes (3, or 4 for RGBA VAEs: core's ``output_channels``)."""
+    return int(getattr(vae, "output_channels", 3) or 3)
 
 
 def vae_shape(vae) -> tv.VAEShape:
@@ -50,6 +56,36 @@ def vae_shape(vae) -> tv.VAEShape:
     return tv.VAEShape(int(vae.latent_channels), spatial, k, causal, time_cache)
 
 
+def _latent_patch(model) -> int:
+    """Latent pixels per side that one latent unit of the VAE holds inside the model: 2 for Flux
+    2's VAE (its 32-channel 8× latent is folded 2×2 into 128 channels, ``bn`` / ``ps``), else 1."""
+    return int(getattr(model, "ps", [1])[0]) if getattr(model, "bn", None) is not None else 1
+
+
+def blend_rule(vae, shape: tv.VAEShape) -> tuple[float, bool]:
+    """(feather, shared GroupNorm statistics allowed) for this VAE — chosen by its structure.
+
+    Video VAEs without a causal time cache (HunyuanVideo, HunyuanVideo 1.5, LTX-Video, Mochi,
+    Cosmos): cross-fade over the whole overlap (feather 1.0, as core's ramp) and no shared
+    statistics. Their GroupNorms normalise over frames × height × width, and the statistics
+    pre-pass (one downsampled first temporal tile) sees other frames than each tile, so shared
+    statistics hurt even with time uncut; their activations near a tile border are far from the
+    untiled ones, so a wide blend averages more of that away. Measured on the zoo (0.33.0, CPU,
+    tests/test_vae_zoo.py sizes; ours with stats/feather 0.25 → chosen, core):
+    HunyuanVideo decode 1.41 → 1.12 (core 1.18), spatial-only 1.45 → 0.98 (core 1.10);
+    Mochi decode 0.81 → 0.76 (core 0.80), encode 0.86 → 0.79 (core 0.81); LTX-Video encode
+    0.751 → 0.731 (core 0.748); Cosmos decode 0.187 → 0.162 (core 0.285), spatial-only encode
+    0.051 → 0.048 (core 0.057); issue 25: Mochi spatial-only decode 0.51 with stats, 0.27
+    without (core 0.29), Cosmos spatial-only encode 0.105 at feather 0.25, core 0.076.
+    Image VAEs and Wan 2.1/2.2 (time never cut, the cache carried by the VAE): feather 0.25
+    (seam in the middle of the overlap; SD/Wan figures in ``memorykit/tiled_vae.py``), shared
+    statistics on.
+    """
+    if shape.video and not shape.time_cache:
+        return 1.0, False
+    return tv.DEFAULT_FEATHER, True
+
+
 def _decode_heads(model) -> list[tuple[torch.nn.Module, int, str]]:
     """Split points of decoders known to work with a global head, deepest first:
     ``(module, scale vs latent grid, name)``. Empty for other VAEs (plain tiling)."""
@@ -57,9 +93,9 @@ def _decode_heads(model) -> list[tuple[torch.nn.Module, int, str]]:
     from comfy.ldm.modules.diffusionmodules.model import Decoder
     dec = getattr(model, "decoder", None)
     if type(dec) is Decoder and not decoder_gives_pre_end(dec) and not getattr(dec, "carried", False):
-        top = dec.num_resolutions - 1
-        heads = [(dec.up[top].upsample, 2, f"decoder.up.{top}.upsample")] if top > 0 else []
-        return heads + [(dec.mid.block_2, 1, "decoder.mid.block_2")]
+        top, r = dec.num_resolutions - 1, _latent_patch(model)
+        heads = [(dec.up[top].upsample, 2 * r, f"decoder.up.{top}.upsample")] if top > 0 else []
+        return heads + [(dec.mid.block_2, r, "decoder.mid.block_2")]
     if type(dec) is wan21.Decoder3d:
         ups = [i for i, m in enumerate(dec.upsamples) if isinstance(m, wan21.Resample) and m.mode.startswith("upsample")]
         heads = [(dec.upsamples[ups[0]], 2, f"decoder.upsamples.{ups[0]}")] if ups else []
@@ -74,11 +110,11 @@ def _encode_tails(model) -> list[tuple[torch.nn.Module, int, str]]:
     from comfy.ldm.modules.diffusionmodules.model import Encoder
     enc = getattr(model, "encoder", None)
     if type(enc) is Encoder:
-        top = enc.num_resolutions - 1
-        tails = [(enc.down[top - 1].downsample, 2, f"encoder.down.{top - 1}.downsample")] if top > 0 else []
+        top, r = enc.num_resolutions - 1, _latent_patch(model)
+        tails = [(enc.down[top - 1].downsample, 2 * r, f"encoder.down.{top - 1}.downsample")] if top > 0 else []
         if enc.num_res_blocks > 0:
-            return tails + [(enc.down[top].block[0], 1, f"encoder.down.{top}.block.0")]
-        return tails + [(enc.mid.block_1, 1, "encoder.mid.block_1")]
+            return tails + [(enc.down[top].block[0], r, f"encoder.down.{top}.block.0")]
+        return tails + [(enc.mid.block_1, r, "encoder.mid.block_1")]
     if type(enc) is wan21.Encoder3d:
         downs = [i for i, m in enumerate(enc.downsamples) if isinstance(m, wan21.Resample)]
         tails = [(enc.downsamples[downs[-1]], 2, f"encoder.downsamples.{downs[-1]}")] if downs else []
@@ -132,8 +168,10 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     import comfy.utils
     shape = vae_shape(vae)
     dims = tuple(x.shape[2:])
+    rule_feather, rule_stats = blend_rule(vae, shape)
     # Temporal fields only matter where time is cut (video VAEs without a causal cache).
-    args = (opts.temporal_size, opts.temporal_overlap) if shape.video and not shape.time_cache else (1, 0)
+    temporal = (opts.temporal_size, opts.temporal_overlap) if shape.video and not shape.time_cache else (1, 0)
+    args = (*temporal, rule_feather if opts.feather is None else opts.feather)
     plan = tv.make_plan(shape, direction, dims, opts.tile_px, opts.overlap_px, *args)
     s = shape.spatial_factor
     on_gpu = torch.device(vae.device).type != "cpu"
@@ -154,9 +192,9 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     else:
         budget, budget_source = 0.9 * patcher_free_memory(vae.patcher, vae.device), "free memory"
     lead = tuple(a.amap.in_span(0, a.length)[1] for a in plan.axes[:-2])  # a tile's frames (input units)
-    ch, k = (shape.latent_channels, 1) if direction == "decode" else (3, s)
+    ch, k = (shape.latent_channels, 1) if direction == "decode" else (input_channels(vae), s)
     probe = lambda t: torch.rand((1, ch) + lead + (t * k, t * k))
-    norm = SharedGroupNormStats(vae.first_stage_model) if opts.shared_norm_stats else None
+    norm = SharedGroupNormStats(vae.first_stage_model) if opts.shared_norm_stats and rule_stats else None
     measure = torch.device(vae.device).type == "cuda" or opts.memory_budget_gb > 0
     probe_sides = PROBE_SIDES[on_gpu] if measure else None
     cost = modelled
@@ -228,13 +266,33 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     return out, info
 
 
+def _deferred(vae, direction: str, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """VAE Decode/Encode itself, for a VAE that tiles internally (core's ``handles_tiling``:
+    MiniMax-H3's video VAE, 256 px tiles and 17-frame chunks inside the model, frames 17k+5 ↔
+    latents 5k+2). Its own tiling is what its authors tuned; tiling it again from outside would
+    only add seams. The info dict says so (``deferred_to_core``)."""
+    t0 = time.perf_counter()
+    out = vae.decode(x) if direction == "decode" else vae.encode(x)
+    if direction == "decode" and out.ndim == 5:
+        out = out.reshape((-1,) + tuple(out.shape[-3:]))
+    info = {"direction": direction, "vae": type(vae.first_stage_model).__name__, "deferred_to_core": True,
+            "input_shape": list(x.shape), "output_shape": list(out.shape), "items": int(x.shape[0]),
+            "tiles_per_item": 1, "global_context": "off", "shared_norm_stats": False,
+            "time": "the VAE's own tiling (handles_tiling)", "seconds": round(time.perf_counter() - t0, 3)}
+    return out, info
+
+
 def tiled_vae_decode(vae, samples: torch.Tensor, opts: TiledVAEOptions) -> tuple[torch.Tensor, dict]:
     """Decode a LATENT tensor (``[B, C, H, W]``, video ``[B, C, T, H, W]``) tile by tile.
 
     Returns (IMAGE ``[N, H·s, W·s, 3]`` float32 on ComfyUI's intermediate device — video frames
     of all items concatenated as VAEDecode does — and the plan/info dict). Raises ValueError
-    before any decoding on a latent that does not fit the VAE or on bad sizes.
+    before any decoding on a latent that does not fit the VAE or on bad sizes. A VAE that tiles
+    itself (``handles_tiling``) decodes with VAE Decode (see :func:`_deferred`).
     """
+    if getattr(vae, "handles_tiling", False):
+        vae.throw_exception_if_invalid()
+        return _deferred(vae, "decode", samples)
     shape = vae_shape(vae)
     want = 5 if shape.video else 4
     if samples.ndim != want:
@@ -263,15 +321,21 @@ def tiled_vae_encode(vae, pixels: torch.Tensor, opts: TiledVAEOptions) -> tuple[
     """Encode an IMAGE (``[B, H, W, C≥3]``; for a video VAE the batch is the frames) tile by tile.
 
     Pixels are centre-cropped to a multiple of the VAE's compression as VAEEncode does.
-    Returns (LATENT samples, info dict). Raises ValueError before any encoding on bad input.
+    Returns (LATENT samples, info dict). Raises ValueError before any encoding on bad input. A
+    VAE that tiles itself (``handles_tiling``) encodes with VAE Encode (see :func:`_deferred`).
     """
+    if getattr(vae, "handles_tiling", False):
+        vae.throw_exception_if_invalid()
+        return _deferred(vae, "encode", pixels)
     shape = vae_shape(vae)
     if pixels.ndim != 4 or pixels.shape[-1] < 3:
         raise ValueError(f"IMAGE has shape {tuple(pixels.shape)}; expected [batch, height, width, 3]")
     s = shape.spatial_factor
     if pixels.shape[1] < s or pixels.shape[2] < s:
         raise ValueError(f"IMAGE of {pixels.shape[2]}x{pixels.shape[1]} px is smaller than one latent pixel ({s}x{s} px)")
-    x = vae.vae_encode_crop_pixels(pixels[..., :3]).movedim(-1, 1)
+    # The VAE's own input channels (RGBA VAEs take 4: alpha passes through); extra channels are
+    # dropped, fewer are padded by core where it can (0.33's vae_encode_crop_pixels).
+    x = vae.vae_encode_crop_pixels(pixels[..., :input_channels(vae)]).movedim(-1, 1)
     if shape.video:
         x = x.unsqueeze(2) if vae.not_video else x.movedim(1, 0).unsqueeze(0)
     model, dtype, device, out_dev = vae.first_stage_model, vae.vae_dtype, vae.device, vae.output_device
@@ -281,6 +345,6 @@ def tiled_vae_encode(vae, pixels: torch.Tensor, opts: TiledVAEOptions) -> tuple[
 
     def cost_model(frames, s_):
         lead = (shape.time_factor * (frames - 1) + 1,) if shape.video else ()
-        return vae.memory_used_encode((1, 3) + lead + (16 * s_, 16 * s_), dtype) / 256.0
+        return vae.memory_used_encode((1, input_channels(vae)) + lead + (16 * s_, 16 * s_), dtype) / 256.0
 
     return _run(vae, "encode", x, fn, opts, cost_model, tail_dummy=lambda xb: xb[..., :s, :s])

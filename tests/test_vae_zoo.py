@@ -1,0 +1,205 @@
+"""Tiled VAE Decode/Encode on every VAE type core detects (``tests/harness/vae_zoo.py``), side by
+side with core's VAE Decode/Encode (Tiled) at the same tiles, against the untiled result.
+
+Error = ||tiled − untiled|| / ||untiled − mean(untiled)|| (issue 25). Tiles are a little smaller
+than the input (2-3 per spatial axis; video: 2 latent frames per temporal tile with 1 shared),
+so tiling really happens. Asserted per VAE: shape equal to untiled; ours ≤ core's error; one tile
+covering everything equals VAE Decode/Encode exactly; no temporal flicker (decode, see
+:func:`flicker`). ``pytest -s`` prints the figures.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import vae_zoo
+
+pytestmark = pytest.mark.usefixtures("comfy")
+
+LATENT_HW = (10, 12)        # latent units per image side
+TILE_UNITS, OVERLAP_UNITS = 6, 2
+LATENT_FRAMES = 3           # time-factor-k VAE: k·2+1 frames (4 for k=4: 13 frames)
+FIGURES: dict = {}
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((a.float() - ref.float()).norm() / (ref.float() - ref.float().mean()).norm()).item()
+
+
+def flicker(out: torch.Tensor, ref: torch.Tensor, seams: list) -> float | None:
+    """Temporal flicker of decoded frames ``out`` (``[N, H, W, C]``) vs the untiled ``ref``:
+    per neighbouring pair (t, t+1), e_t = mean |(out[t+1] − out[t]) − (ref[t+1] − ref[t])| (the
+    error of the frame-to-frame change); returns max e_t over pairs touching a temporal seam's
+    blend band ÷ max e_t over the other pairs (≤ 1: no jump at temporal tile borders beyond
+    what happens inside a tile). None without temporal seams."""
+    if not seams or out.shape[0] < 3:
+        return None
+    e = ((out[1:] - out[:-1]) - (ref[1:] - ref[:-1])).abs().flatten(1).mean(1)
+    border = torch.zeros(len(e), dtype=torch.bool)
+    for centre, width in seams:
+        lo, hi = centre - width / 2 - 1, centre + width / 2
+        for t in range(len(e)):
+            border[t] |= (t + 1 > lo) and (t < hi)
+    if border.all() or not border.any():
+        return None
+    return (e[border].max() / e[~border].max().clamp_min(1e-12)).item()
+
+
+@pytest.fixture(scope="module")
+def ci():
+    from comfyui_memorykit.memorykit import comfy_integration
+    return comfy_integration
+
+
+@pytest.fixture(scope="module", params=list(vae_zoo.ZOO))
+def zoo_vae(request):
+    entry = vae_zoo.ZOO[request.param]
+    why = entry.missing()
+    if why:
+        pytest.skip(f"{request.param}: {why}")
+    return request.param, vae_zoo.build(request.param)
+
+
+def _sizes(vae, video: bool):
+    s = int(vae.spacial_compression_decode())
+    k = int(vae.temporal_compression_decode() or 1) if video else 1
+    tile, overlap = TILE_UNITS * s, OVERLAP_UNITS * s
+    t_size, t_overlap = (2 * k, k) if video else (64, 8)
+    return s, k, tile, overlap, t_size, t_overlap
+
+
+def _latent(vae, video: bool, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    dims = ((LATENT_FRAMES if video else 1,) if vae.latent_dim == 3 else ()) + LATENT_HW
+    lo = torch.randn((1, vae.latent_channels) + tuple(max(2, n // 3) for n in dims), generator=g)
+    up = torch.nn.functional.interpolate(lo, size=dims, mode="trilinear" if len(dims) == 3 else "bicubic")
+    return up + 0.3 * torch.randn((1, vae.latent_channels) + dims, generator=g)
+
+
+def _pixels(vae, video: bool, s: int, k: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    frames = (k * (LATENT_FRAMES - 1) + 1) if video else 1
+    if video and vae.upscale_ratio[0](LATENT_FRAMES) != frames:  # MiniMax-H3: 17k+5 frames
+        frames = vae.upscale_ratio[0](2)
+    h, w = LATENT_HW[0] * s, LATENT_HW[1] * s
+    ch = vae.output_channels
+    yy, xx = torch.meshgrid(torch.linspace(0, 1, h), torch.linspace(0, 1, w), indexing="ij")
+    ph = torch.rand(ch, generator=g) * 6
+    ims = [torch.stack([0.5 + 0.35 * torch.sin(6 * xx + 4 * (c + 1) * yy + ph[c] + 0.3 * i) for c in range(ch)], -1)
+           for i in range(frames)]
+    return (torch.stack(ims) + 0.05 * torch.randn(frames, h, w, ch, generator=g)).clamp(0, 1)
+
+
+def _r(x):
+    return None if x is None else round(x, 3)
+
+
+def _allowed(e_core: float) -> float:
+    """Largest error of ours that counts as "not worse than core": core's (+0.1 %); where core's
+    error is above 1 (the tiled result no closer to untiled than its mean is: Cosmos encode with
+    temporal tiles of 2 latent frames, 1.076), 1 % more — both are noise there."""
+    return e_core * (1.01 if e_core > 1.0 else 1.001) + 1e-6
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape((-1,) + tuple(x.shape[-3:])) if x.ndim == 5 else x
+
+
+def test_decode(zoo_vae, ci):
+    import nodes
+    name, vae = zoo_vae
+    video = vae_zoo.ZOO[name].video
+    s, k, tile, overlap, ts, to = _sizes(vae, video)
+    z = _latent(vae, video, 1)
+    opts = ci.TiledVAEOptions(tile_px=tile, overlap_px=overlap, temporal_size=ts, temporal_overlap=to)
+    with torch.inference_mode():
+        ref = _flat(vae.decode(z))
+        core = _flat(nodes.VAEDecodeTiled().decode(vae, {"samples": z}, tile, overlap, ts, to)[0])
+        ours, info = ci.tiled_vae_decode(vae, z, opts)
+        big = ci.tiled_vae_decode(vae, z, ci.TiledVAEOptions(tile_px=4096, overlap_px=64, temporal_size=4096))[0]
+    assert ours.shape == ref.shape
+    assert torch.equal(big, ref), "one tile covering everything must equal VAE Decode exactly"
+    e_ours, e_core = rel_err(ours, ref), rel_err(core, ref)
+    seams = info["plan"]["seams"][0] if video and info.get("plan") and len(info["plan"]["seams"]) == 3 else []
+    fl = flicker(ours, ref, seams) if video else None
+    fl_core = flicker(core, ref, seams) if video else None
+    FIGURES[(name, "decode")] = (e_ours, e_core, fl, fl_core)
+    print(f"\n{name} decode {tuple(z.shape)} {tile}/{overlap} px, {ts}/{to} frames: ours {e_ours:.4f} core {e_core:.4f}"
+          f" flicker {_r(fl)} (core {_r(fl_core)}) tiles {info['tiles_per_item']} context {info.get('global_context')}")
+    assert info["tiles_per_item"] > 1 or info.get("deferred_to_core")
+    assert e_ours <= _allowed(e_core)
+    if fl is not None:  # no jump at our temporal borders beyond inside a tile, or beyond core's there (+1 %)
+        assert fl <= max(1.0, fl_core) * 1.01
+
+
+def test_encode(zoo_vae, ci):
+    import nodes
+    name, vae = zoo_vae
+    video = vae_zoo.ZOO[name].video
+    s, k, tile, overlap, ts, to = _sizes(vae, video)
+    px = _pixels(vae, video, s, k, 2)
+    opts = ci.TiledVAEOptions(tile_px=tile, overlap_px=overlap, temporal_size=ts, temporal_overlap=to)
+    with torch.inference_mode():
+        ref = vae.encode(px)
+        core = nodes.VAEEncodeTiled().encode(vae, px, tile, overlap, ts, to)[0]["samples"]
+        ours, info = ci.tiled_vae_encode(vae, px, opts)
+        big = ci.tiled_vae_encode(vae, px, ci.TiledVAEOptions(tile_px=4096, overlap_px=64, temporal_size=4096))[0]
+    assert ours.shape == ref.shape
+    assert torch.equal(big, ref), "one tile covering everything must equal VAE Encode exactly"
+    e_ours, e_core = rel_err(ours, ref), rel_err(core, ref)
+    FIGURES[(name, "encode")] = (e_ours, e_core, None, None)
+    print(f"\n{name} encode {tuple(px.shape)} {tile}/{overlap} px, {ts}/{to} frames: ours {e_ours:.4f} core {e_core:.4f}"
+          f" tiles {info['tiles_per_item']} context {info.get('global_context')}")
+    assert info["tiles_per_item"] > 1 or info.get("deferred_to_core")
+    assert e_ours <= _allowed(e_core)
+
+
+SPATIAL_ONLY = [("hunyuan_video", "decode"), ("ltxv", "decode"), ("ltxv", "encode"), ("mochi", "decode"),
+                ("cosmos", "encode")]
+
+
+@pytest.mark.parametrize("name,direction", SPATIAL_ONLY)
+def test_spatial_tiles_only(name, direction, ci):
+    """Time uncut (temporal_size beyond the length), spatial tiles only: the cases issue 25 found
+    worse than core (LTX-Video decode 0.55 vs 0.51 and encode 0.53 vs 0.49, Mochi decode 0.51 vs
+    0.29, Cosmos encode 0.105 vs 0.076)."""
+    import nodes
+    vae = vae_zoo.build(name)
+    s, k, tile, overlap, _, _ = _sizes(vae, True)
+    opts = ci.TiledVAEOptions(tile_px=tile, overlap_px=overlap, temporal_size=4096, temporal_overlap=8)
+    with torch.inference_mode():
+        if direction == "decode":
+            x = _latent(vae, True, 1)
+            ref = _flat(vae.decode(x))
+            core = _flat(nodes.VAEDecodeTiled().decode(vae, {"samples": x}, tile, overlap, 4096, 8)[0])
+            ours, info = ci.tiled_vae_decode(vae, x, opts)
+        else:
+            x = _pixels(vae, True, s, k, 2)
+            ref = vae.encode(x)
+            core = nodes.VAEEncodeTiled().encode(vae, x, tile, overlap, 4096, 8)[0]["samples"]
+            ours, info = ci.tiled_vae_encode(vae, x, opts)
+    e_ours, e_core = rel_err(ours, ref), rel_err(core, ref)
+    FIGURES[(name, direction + " spatial only")] = (e_ours, e_core, None, None)
+    print(f"\n{name} {direction} spatial tiles only {tile}/{overlap} px: ours {e_ours:.4f} core {e_core:.4f} "
+          f"tiles {info['tiles_per_item']}")
+    assert ours.shape == ref.shape and info["tiles_per_item"] > 1 and info["plan"]["tiles_per_axis"][0] == 1
+    assert e_ours <= _allowed(e_core)
+
+
+def test_rgba_encode_measures_its_tile_cost_with_four_channels(ci):
+    """A budget makes the node measure the tile cost with probe tiles: they carry the VAE's own
+    4 input channels (a 3-channel probe was a channel-mismatch error), and the alpha channel is
+    encoded (a different alpha gives a different latent)."""
+    entry = vae_zoo.ZOO["wan21_rgba"]
+    if entry.missing():
+        pytest.skip(entry.missing())
+    vae = vae_zoo.build("wan21_rgba")
+    px = _pixels(vae, True, 8, 4, 3)[:5]
+    opts = ci.TiledVAEOptions(tile_px=48, overlap_px=16, memory_budget_gb=1.0)
+    with torch.inference_mode():
+        a, info = ci.tiled_vae_encode(vae, px, opts)
+        px2 = px.clone()
+        px2[..., 3] = 1.0 - px2[..., 3]
+        b, _ = ci.tiled_vae_encode(vae, px2, opts)
+    assert info["cost_source"] == "measured" and info["tiles_per_item"] > 1
+    assert not torch.equal(a, b)
