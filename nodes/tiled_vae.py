@@ -11,11 +11,14 @@ def _tiling_inputs() -> list:
         io.Int.Input("tile_size", default=512, min=32, max=8192, step=8,
                      tooltip="Largest tile edge in pixels (one tile of this size is what sits in memory at a time). "
                              "Tiles are spread evenly over the image; an image no larger than one tile is "
-                             "processed whole, exactly as VAE Decode/Encode would."),
+                             "processed whole, exactly as VAE Decode/Encode would. A VAE from Memory Plan caps it "
+                             "at the planned tile (unless memory_budget_gb is set)."),
         io.Int.Input("overlap", default=64, min=0, max=8192, step=8,
-                     tooltip="Pixels shared by neighbouring tiles; must be smaller than tile_size. The seam is "
-                             "placed in the middle of the overlap and cross-faded over a quarter of it; the rest "
-                             "is context that hides the tiles' borders. Larger = fewer visible seams, more work."),
+                     tooltip="Pixels shared by neighbouring tiles; must be smaller than tile_size. Image VAEs "
+                             "and Wan: the seam sits in the middle of the overlap, cross-faded over a quarter of "
+                             "it, the rest is context that hides the borders; other video VAEs (HunyuanVideo, "
+                             "LTX, Mochi, Cosmos) cross-fade over the whole overlap. Larger = fewer visible "
+                             "seams, more work."),
         io.Int.Input("temporal_size", default=64, min=1, max=4096, step=1,
                      tooltip="Video VAEs only: frames per temporal tile (not used, nor checked, for image VAEs). "
                              "Ignored by VAEs that decode time causally "
@@ -33,7 +36,8 @@ def _tiling_inputs() -> list:
                                  "downsampled pass) instead of its own, which removes per-tile colour shifts."),
         io.Boolean.Input("global_context", default=True,
                          tooltip="Run the VAE's low-resolution middle part (with its global attention) once on the "
-                                 "whole latent and give each tile its crop (SD-family and Wan 2.1 VAEs). Much closer "
+                                 "whole latent and give each tile its crop (SD-family, Flux, Flux 2, Qwen-Image and "
+                                 "Wan 2.1 VAEs). Much closer "
                                  "to the untiled result; costs memory proportional to the whole latent."),
     ]
 

@@ -89,8 +89,16 @@ def test_planned_vae_decodes_in_tiles_without_changing_the_input(comfy, io, fixt
     out = io.planned_vae(vae, 64)
     assert out is not vae and type(vae) is comfy.sd.VAE and not hasattr(vae, "memorykit_tile_px")
     assert out.first_stage_model is vae.first_stage_model and out.memorykit_tile_px == 64
+    from comfyui_memorykit.memorykit.comfy_integration import tiled_vae_io as tvi
     with torch.inference_mode():  # as ComfyUI runs nodes (0.33's tiled 3-D decode writes in place)
-        assert torch.equal(out.decode(z), vae.decode_tiled(z, tile_x=8, tile_y=8, overlap=2))
+        planned = out.decode(z)  # VAE Decode on the planned VAE: Tiled VAE's tiling at the planned tile
+        tiled, _ = tvi.tiled_vae_decode(vae, z, tvi.TiledVAEOptions(tile_px=64, overlap_px=16))
+        assert planned.shape == (1,) + tuple(tiled.shape) and torch.equal(planned[0], tiled)
+        # Tiled VAE Decode on the planned VAE caps its 512 px tile_size at the planned 64 px
+        capped, _ = tvi.tiled_vae_decode(out, z, tvi.TiledVAEOptions(tile_px=512, overlap_px=64))
+        assert torch.equal(capped, tiled)
+        whole = vae.decode(z)
+        assert not torch.equal(whole.reshape(tiled.shape), tiled)  # it really tiled
     assert io.planned_vae(out, 128).memorykit_tile_px == 128 and out.memorykit_tile_px == 64
 
 

@@ -226,19 +226,32 @@ def plan_tiles(vae, machine: mp.Machine, shape: list[int]) -> tuple[int | None, 
 
 class PlannedVAE:
     """Mixed into a copy of a ``comfy.sd.VAE`` (class swap, as Group Offload makes its patcher):
-    ``decode``/``encode`` run core's own ``decode_tiled``/``encode_tiled`` with the planned tile."""
+    ``decode``/``encode`` run Tiled VAE Decode/Encode's own tiling (:mod:`.tiled_vae_io`: seams
+    blended, the VAE's causal time cache and shared statistics kept) at the planned tile, so a
+    plain VAE Decode downstream tiles as planned; a Tiled VAE Decode/Encode downstream caps its
+    ``tile_size`` at it. A VAE that tiles itself (``handles_tiling``) decodes as before."""
 
     memorykit_tile_px: int = 512
     memorykit_overlap_px: int = 64
 
+    def _planned_options(self):
+        from .tiled_vae_io import TiledVAEOptions
+        return TiledVAEOptions(tile_px=self.memorykit_tile_px, overlap_px=self.memorykit_overlap_px)
+
     def decode(self, samples_in, *args, **kwargs):
-        s = int(self.spacial_compression_decode())
-        return self.decode_tiled(samples_in, tile_x=self.memorykit_tile_px // s, tile_y=self.memorykit_tile_px // s,
-                                 overlap=self.memorykit_overlap_px // s)
+        if getattr(self, "handles_tiling", False):
+            return super().decode(samples_in, *args, **kwargs)
+        from .tiled_vae_io import tiled_vae_decode
+        images, _ = tiled_vae_decode(self, samples_in, self._planned_options())
+        if samples_in.ndim == 5:  # core's VAE.decode keeps [B, T, H, W, C] for video
+            images = images.reshape((samples_in.shape[0], -1) + tuple(images.shape[-3:]))
+        return images
 
     def encode(self, pixel_samples, *args, **kwargs):
-        return self.encode_tiled(pixel_samples, tile_x=self.memorykit_tile_px, tile_y=self.memorykit_tile_px,
-                                 overlap=self.memorykit_overlap_px)
+        if getattr(self, "handles_tiling", False):
+            return super().encode(pixel_samples, *args, **kwargs)
+        from .tiled_vae_io import tiled_vae_encode
+        return tiled_vae_encode(self, pixel_samples, self._planned_options())[0]
 
 
 def planned_vae(vae, tile_px: int | None):

@@ -1,6 +1,7 @@
 """Tiled VAE Decode / Encode on ComfyUI's VAE object (``comfy.sd.VAE`` → :mod:`memorykit.tiled_vae`)."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -282,6 +283,16 @@ def _deferred(vae, direction: str, x: torch.Tensor) -> tuple[torch.Tensor, dict]
     return out, info
 
 
+def planned_options(vae, opts: TiledVAEOptions) -> TiledVAEOptions:
+    """``opts`` with the tile capped at the one Memory Plan chose for ``vae`` (a VAE from its VAE
+    output carries ``memorykit_tile_px``), unless a ``memory_budget_gb`` of the node's own decides."""
+    planned = getattr(vae, "memorykit_tile_px", None)
+    if not planned or opts.memory_budget_gb or planned >= opts.tile_px:
+        return opts
+    overlap = min(opts.overlap_px, getattr(vae, "memorykit_overlap_px", planned // 4), planned // 2)
+    return dataclasses.replace(opts, tile_px=int(planned), overlap_px=int(overlap))
+
+
 def tiled_vae_decode(vae, samples: torch.Tensor, opts: TiledVAEOptions) -> tuple[torch.Tensor, dict]:
     """Decode a LATENT tensor (``[B, C, H, W]``, video ``[B, C, T, H, W]``) tile by tile.
 
@@ -293,6 +304,7 @@ def tiled_vae_decode(vae, samples: torch.Tensor, opts: TiledVAEOptions) -> tuple
     if getattr(vae, "handles_tiling", False):
         vae.throw_exception_if_invalid()
         return _deferred(vae, "decode", samples)
+    opts = planned_options(vae, opts)
     shape = vae_shape(vae)
     want = 5 if shape.video else 4
     if samples.ndim != want:
@@ -327,6 +339,7 @@ def tiled_vae_encode(vae, pixels: torch.Tensor, opts: TiledVAEOptions) -> tuple[
     if getattr(vae, "handles_tiling", False):
         vae.throw_exception_if_invalid()
         return _deferred(vae, "encode", pixels)
+    opts = planned_options(vae, opts)
     shape = vae_shape(vae)
     if pixels.ndim != 4 or pixels.shape[-1] < 3:
         raise ValueError(f"IMAGE has shape {tuple(pixels.shape)}; expected [batch, height, width, 3]")
