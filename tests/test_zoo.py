@@ -27,7 +27,6 @@ from harness import zoo
 
 FP8_MAX_REL = 0.1  # relative L2 error of the diffusion model's output; measured 0.00-0.04 on the zoo (docs/models.md)
 # Known failures fixed on this branch (the marks go with the fix).
-DEEP_BLOCKS = {"stable_audio"}  # its layers sit in transformer.layers: no block found
 _FIGURES: dict[str, dict[str, str]] = {}
 
 
@@ -157,9 +156,7 @@ def test_disk_offload_is_bit_exact(request, arch, offload_type, tmp_path):
     _exact(arch, f"disk {offload_type}", out)
 
 
-def test_device_map_cpu_and_disk_is_bit_exact(request, arch, tmp_path):
-    if arch.name in DEEP_BLOCKS:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="no block found: nothing goes to disk"))
+def test_device_map_cpu_and_disk_is_bit_exact(arch, tmp_path):
     import comfy.model_management as mm
     from comfyui_memorykit.memorykit import comfy_integration as ci
     from comfyui_memorykit.memorykit import device_map as dmap

@@ -24,6 +24,9 @@ Public names (stable; other tests and branches use them):
 - ``forward(patcher_or_base_model, name, inputs=None) -> Tensor``: that forward under
   ``torch.no_grad()``.
 - ``SPECS[name].supported_model``: the ``comfy.supported_models`` class name used.
+- ``seconds_embedders()``: the state dict of Stable Audio's seconds conditioners (``get_model`` reads it).
+- ``version_config(supported_model, config)``: ``config`` for this core (keys its params dataclass lacks dropped).
+- ``reads_outside_forward(model, name)``: parameters one forward reads outside their module's forward.
 """
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ class Spec:
     post_build: Callable | None = None  # (diffusion_model, operations) -> None: shrink a fixed-size part
 
 
-def _seconds_embedders() -> dict:
+def seconds_embedders() -> dict:
     """Stable Audio's two seconds conditioners (output 768 is fixed in ``StableAudio1``), as
     ``get_model`` reads them from a checkpoint."""
     from comfy.ldm.audio.embedders import NumberConditioner
@@ -197,7 +200,7 @@ SPECS: dict[str, Spec] = {
         extra=lambda g: {"conditioning_lyrics": torch.randint(0, 64, (1, 8), generator=g)}),
     "stable_audio": Spec("StableAudio", {
         "audio_model": "dit1.0", "io_channels": 8, "embed_dim": 64, "depth": 2, "num_heads": 2,
-        "cond_token_dim": 768, "global_cond_dim": 1536, "project_cond_tokens": True, "input_concat_dim": 0}, (1, 8, 16), context=(1, 8, 768), state_dict=_seconds_embedders),
+        "cond_token_dim": 768, "global_cond_dim": 1536, "project_cond_tokens": True, "input_concat_dim": 0}, (1, 8, 16), context=(1, 8, 768), state_dict=seconds_embedders),
     "hunyuan3d2": Spec("Hunyuan3Dv2", {
         "image_model": "hunyuan3d2", "in_channels": 8, "context_in_dim": 32, "hidden_size": 64, "mlp_ratio": 2.0,
         "num_heads": 2, "depth": 1, "depth_single_blocks": 1, "qkv_bias": True, "guidance_embed": False},
@@ -226,9 +229,14 @@ _PARAMS = {"Flux": ("comfy.ldm.flux.model", "FluxParams"), "Flux2": ("comfy.ldm.
 
 
 def _config(name: str) -> dict:
+    return version_config(SPECS[name].supported_model, SPECS[name].config)
+
+
+def version_config(supported_model: str, config: dict) -> dict:
+    """``config`` without the keys this core's params dataclass of ``supported_model`` lacks."""
     import importlib
-    cfg = dict(SPECS[name].config)
-    where = _PARAMS.get(SPECS[name].supported_model)
+    cfg = dict(config)
+    where = _PARAMS.get(supported_model)
     if where is not None:
         cls = getattr(importlib.import_module(where[0]), where[1], None)
         if cls is not None:
