@@ -191,7 +191,7 @@ def test_fp8_layerwise_cast_error_is_bounded(arch):
     arch.assert_restored()
     share = info["cast_params"] * 4 / info["weight_bytes_before"]  # the zoo is float32: 4 bytes a weight
     err = float((raw - arch.raw_reference).norm() / arch.raw_reference.norm())
-    _record(arch, "fp8", f"rel {err:.3f}, {share:.0%} bytes cast")
+    _record(arch, "fp8", f"rel {err:.2g}, {share:.0%} bytes cast")
     print(f"\n{arch.name}: fp8 e4m3 relative L2 error {err:.4f}, {share:.1%} of weight bytes cast "
           f"({info['cast_layers']} layers cast, {len(info['kept_layers'])} kept)")
     assert torch.isfinite(out).all() and torch.isfinite(raw).all()
