@@ -109,6 +109,16 @@ def figures_table():
             json.dump({"comfyui": comfyui_version.__version__, "figures": _FIGURES}, f, indent=1)
 
 
+def _loaded_forward(arch: Arch, patcher) -> torch.Tensor:
+    """Load ``patcher`` as sampling does (``load_models_gpu``), one forward, then unload all."""
+    import comfy.model_management as mm
+    try:
+        mm.load_models_gpu([patcher])
+        return arch.forward(patcher)
+    finally:
+        mm.unload_all_models()
+
+
 def _xfail_disk_leaf(request, arch: Arch, offload_type: str) -> None:
     """Disk leaf_level reads the placeholders of weights a block reads without calling their
     module: the q/k norms of Z-Image, Lumina 2 and Cosmos Predict2 on ComfyUI 0.33 (its fused
@@ -139,25 +149,19 @@ def test_event_ring_is_bit_exact(arch, offload_type):
 
 @pytest.mark.parametrize("offload_type", ["block_level", "leaf_level"])
 def test_disk_offload_is_bit_exact(request, arch, offload_type, tmp_path):
-    import comfy.model_management as mm
     from comfyui_memorykit.memorykit import comfy_integration as ci
     from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
     _xfail_disk_leaf(request, arch, offload_type)
     settings = ci.GroupOffloadSettings(GroupOffloadOptions(offload_type=offload_type, offload_to="disk"),
                                        disk_folder=str(tmp_path))
     n, _ = ci.prepare_group_offload(arch.patcher, settings)
-    try:
-        mm.load_models_gpu([n])
-        out = arch.forward(n)
-    finally:
-        mm.unload_all_models()
+    out = _loaded_forward(arch, n)
     assert os.listdir(tmp_path) == []
     arch.assert_restored()
     _exact(arch, f"disk {offload_type}", out)
 
 
 def test_device_map_cpu_and_disk_is_bit_exact(arch, tmp_path):
-    import comfy.model_management as mm
     from comfyui_memorykit.memorykit import comfy_integration as ci
     from comfyui_memorykit.memorykit import device_map as dmap
     blocks = dmap.block_names(arch.dm, dmap.block_classes(arch.dm))
@@ -167,11 +171,7 @@ def test_device_map_cpu_and_disk_is_bit_exact(arch, tmp_path):
     per = rep["bytes_per_device"]
     assert per.get("cpu", 0) <= cpu, f"{arch.name}: plan puts {per.get('cpu')} B on cpu against cpu={cpu}B"
     assert set(per) == {"cpu", "disk"}, f"{arch.name}: {per} (blocks: {blocks})"
-    try:
-        mm.load_models_gpu([clone])
-        out = arch.forward(clone)
-    finally:
-        mm.unload_all_models()
+    out = _loaded_forward(arch, clone)
     assert os.listdir(tmp_path) == []
     arch.assert_restored()
     _exact(arch, "device map", out)

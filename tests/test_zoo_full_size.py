@@ -12,15 +12,6 @@ MIN_SHARE = 0.95
 _ROWS: dict[str, str] = {}
 
 
-def _bytes(tensors) -> int:
-    seen, n = set(), 0
-    for t in tensors:
-        if id(t) not in seen:
-            seen.add(id(t))
-            n += t.numel() * t.element_size()
-    return n
-
-
 @pytest.fixture(scope="module", autouse=True)
 def table():
     yield
@@ -32,6 +23,7 @@ def table():
 def test_block_lists_hold_95_percent_of_the_weights(comfy, kind):
     from comfyui_memorykit.memorykit import comfy_integration as ci
     from comfyui_memorykit.memorykit import device_map as dmap
+    from comfyui_memorykit.memorykit.offload_plan import tensor_bytes as _bytes
     try:
         patcher = meta_models.meta_patcher(kind)
     except LookupError as e:

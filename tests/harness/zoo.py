@@ -31,7 +31,7 @@ Public names (stable; other tests and branches use them):
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
