@@ -13,7 +13,8 @@ Public names (stable; other tests and branches use them):
   ``"flux"``, ``"flux2"``, ``"chroma"``, ``"qwen_image"``, ``"z_image"``, ``"lumina2"``,
   ``"hunyuan_video"``, ``"hunyuan_video15"``, ``"ltxv"``, ``"wan21"``, ``"wan22"``,
   ``"hidream"``, ``"kandinsky5"``, ``"auraflow"``, ``"pixart_sigma"``, ``"mochi"``,
-  ``"cogvideox"``, ``"cosmos_predict2"``, ``"ace_step"``, ``"stable_audio"``, ``"hunyuan3d2"``).
+  ``"cogvideox"``, ``"cosmos_predict2"``, ``"ace_step"``, ``"stable_audio"``, ``"hunyuan3d2"``,
+  ``"hunyuan_dit"``, ``"omnigen2"``; new names are only appended).
 - ``available(name) -> str | None``: None when this ComfyUI can build ``name``, else the reason
   (the supported-model class it lacks) -- tests skip with it.
 - ``build(name) -> comfy.model_patcher.ModelPatcher``: a fresh tiny model (load and offload
@@ -205,6 +206,18 @@ SPECS: dict[str, Spec] = {
         "image_model": "hunyuan3d2", "in_channels": 8, "context_in_dim": 32, "hidden_size": 64, "mlp_ratio": 2.0,
         "num_heads": 2, "depth": 1, "depth_single_blocks": 1, "qkv_bias": True, "guidance_embed": False},
         (1, 8, 16), context=(1, 8, 32)),
+    "hunyuan_dit": Spec("HunyuanDiT", {
+        "image_model": "hydit", "depth": 2, "hidden_size": 64, "num_heads": 2, "text_states_dim": 64,
+        "text_states_dim_t5": 32, "text_len": 8, "text_len_t5": 8, "input_size": (8, 8), "patch_size": 2,
+        "in_channels": 4, "learn_sigma": True}, (1, 4, 8, 8), context=(1, 8, 64),
+        extra=lambda g: {"attention_mask": torch.ones(1, 8, dtype=torch.long),
+                         "conditioning_mt5xl": torch.randn(1, 8, 32, generator=g),
+                         "attention_mask_mt5xl": torch.ones(1, 8, dtype=torch.long)}),
+    "omnigen2": Spec("Omnigen2", {
+        "image_model": "omnigen2", "axes_dim_rope": [8, 12, 12], "axes_lens": [64, 64, 64], "ffn_dim_multiplier": None,
+        "hidden_size": 64, "in_channels": 16, "multiple_of": 32, "norm_eps": 1e-05, "num_attention_heads": 2,
+        "num_kv_heads": 1, "num_layers": 2, "num_refiner_layers": 1, "out_channels": None, "patch_size": 2,
+        "text_feat_dim": 64, "timestep_scale": 1000.0}, (1, 16, 8, 8), context=(1, 8, 64), extra=_mask(8)),
 }
 ARCHS: tuple[str, ...] = tuple(SPECS)
 
