@@ -161,7 +161,7 @@ def block_classes(module: torch.nn.Module, descend_into: Iterable[str] = ()) -> 
 
     def add(m: torch.nn.Module) -> None:
         name = type(m).__name__
-        if name in descend:
+        if name in descend or isinstance(m, torch.nn.ModuleList):  # a ModuleList never runs as a whole
             for c in m.children():
                 add(c)
         elif name not in out:

@@ -141,13 +141,24 @@ def block_parents(module: nn.Module) -> list[tuple[str, nn.Module]]:
 def default_block_lists(module: nn.Module) -> BlockLists:
     """diffusers' block_level rule: the elements of every direct ``ModuleList``/``Sequential``
     child, as ``[(child_name, [(qualified_name, block), ...]), ...]`` in module order; the same
-    inside each wrapper of :func:`block_parents` (``transformer.layers``)."""
+    inside each wrapper of :func:`block_parents` (``transformer.layers``). The elements of a
+    nested ``ModuleList`` are blocks themselves (:func:`_list_blocks`)."""
     out = []
     for prefix, parent in block_parents(module):
         for name, child in parent.named_children():
             if isinstance(child, (nn.ModuleList, nn.Sequential)) and len(child) > 0:
                 qn = f"{prefix}.{name}" if prefix else name
-                out.append((qn, [(f"{qn}.{i}", b) for i, b in enumerate(child)]))
+                out.append((qn, _list_blocks(qn, child)))
+    return out
+
+
+def _list_blocks(qn: str, lst: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The elements of a list; an element that is itself an ``nn.ModuleList`` (Stable Cascade's
+    ``down_blocks``, a list of lists) is replaced by its elements: a ModuleList has no forward,
+    so only its elements ever run."""
+    out = []
+    for i, b in enumerate(lst):
+        out += _list_blocks(f"{qn}.{i}", b) if isinstance(b, nn.ModuleList) else [(f"{qn}.{i}", b)]
     return out
 
 

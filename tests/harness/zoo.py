@@ -14,7 +14,7 @@ Public names (stable; other tests and branches use them):
   ``"hunyuan_video"``, ``"hunyuan_video15"``, ``"ltxv"``, ``"wan21"``, ``"wan22"``,
   ``"hidream"``, ``"kandinsky5"``, ``"auraflow"``, ``"pixart_sigma"``, ``"mochi"``,
   ``"cogvideox"``, ``"cosmos_predict2"``, ``"ace_step"``, ``"stable_audio"``, ``"hunyuan3d2"``,
-  ``"hunyuan_dit"``, ``"omnigen2"``; new names are only appended).
+  ``"hunyuan_dit"``, ``"omnigen2"``, ``"stable_cascade_c"``; new names are only appended).
 - ``available(name) -> str | None``: None when this ComfyUI can build ``name``, else the reason
   (the supported-model class it lacks) -- tests skip with it.
 - ``build(name) -> comfy.model_patcher.ModelPatcher``: a fresh tiny model (load and offload
@@ -218,6 +218,10 @@ SPECS: dict[str, Spec] = {
         "hidden_size": 64, "in_channels": 16, "multiple_of": 32, "norm_eps": 1e-05, "num_attention_heads": 2,
         "num_kv_heads": 1, "num_layers": 2, "num_refiner_layers": 1, "out_channels": None, "patch_size": 2,
         "text_feat_dim": 64, "timestep_scale": 1000.0}, (1, 16, 8, 8), context=(1, 8, 64), extra=_mask(8)),
+    "stable_cascade_c": Spec("Stable_Cascade_C", {
+        "stable_cascade_stage": "c", "c_cond": 32, "c_hidden": [32, 32], "nhead": [2, 2], "blocks": [[1, 1], [1, 1]],
+        "block_repeat": [[1, 1], [1, 1]], "c_clip_text": 64, "c_clip_text_pooled": 64, "c_clip_img": 768, "c_r": 16},
+        (1, 16, 8, 8), context=(1, 8, 64), pooled=(1, 1, 64)),
 }
 ARCHS: tuple[str, ...] = tuple(SPECS)
 
