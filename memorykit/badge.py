@@ -2,7 +2,7 @@
 
 One list of short strings per report, most telling first: the technique's own result (FP8:
 weights before → after; Group Offload: resident / streamed per forward / peak; Tiled VAE: the
-tile grid and peak; Sharded: shards, size, seconds; Device Map: bytes per device), then the
+tile grid and peak; Memory Plan: the pick and the tiles; Sharded: shards, size, seconds; Device Map: bytes per device), then the
 memory peak where it belongs to the node. The editor shows as many as fit in the node's width
 (``js/memorykit_format.js``: "+N" for the rest); the full report stays in the node's text.
 
@@ -56,11 +56,12 @@ def _peak(rep: dict) -> str | None:
 
 
 def _fp8(info: dict) -> list[str]:
+    # "(core)": the Linear layers hold core's QuantizedTensor (fp8_core); the text has the full path.
     before, after = info["weight_bytes_before"], info["weight_bytes_after"]
     pct = round(100 * (after - before) / before) if before else 0
     sign = "−" if pct < 0 else "+"
     return [f"{fmt_bytes_pair(before, after)} ({sign}{abs(pct)} %)",
-            f"{info.get('cast_layers', 0)} layers fp8",
+            f"{info.get('cast_layers', 0)} layers fp8" + (" (core)" if info.get("core_layers") else ""),
             f"{len(info.get('kept_layers', []))} kept"]
 
 
@@ -156,9 +157,15 @@ def _memory_report(rep: dict) -> list[str]:
     return out
 
 
+def _memory_plan(info: dict) -> list[str]:
+    return [str(f) for f in info.get("badge") or []]
+
+
 def badge_figures(rep: dict) -> list[str]:
     """Headline figures for ``rep`` (a report dict as the nodes put in ``memorykit_report``),
     most important first. Never empty for a report built by ``report.build_report``."""
+    if isinstance(rep.get("memory_plan"), dict):
+        return _memory_plan(rep["memory_plan"]) or _memory_report(rep)
     if isinstance(rep.get("fp8"), dict) and "weight_bytes_before" in rep["fp8"]:
         return _fp8(rep["fp8"])
     if isinstance(rep.get("group_offload"), dict):

@@ -10,25 +10,27 @@ back on the device it had before (accelerate's removal only restores offloaded t
 module copied from it later runs its own class's forward), the ``hf_device_map`` attribute is
 dropped and the offload folder is deleted.
 
-Weights mapped to ``disk`` are written here, in accelerate's offload format (``<name>.dat`` +
-``index.json``, read back by accelerate), with plain file writes after a free-space check:
-accelerate's own writer fills memory-mapped files, and a full tmpfs kills the process with
-SIGBUS instead of raising an error.
+Weights mapped to ``disk`` go to one unnamed file (:class:`memorykit.offload_store.DiskStore`,
+space reserved before writing: a full disk is an OSError, never a SIGBUS) and reach accelerate
+as views of its mapping (``dispatch_model(state_dict=...)``), not as accelerate's ``<name>.dat``
+files: a file without a name cannot be removed or truncated while the map is loaded, so the
+forward and the restore on removal always read the real weights (issue 23 item 8).
 """
 from __future__ import annotations
 
-import os
 import tempfile
 
 import torch
 from accelerate import dispatch_model
 from accelerate.hooks import remove_hook_from_module
 from accelerate.utils import set_module_tensor_to_device
-from accelerate.utils.offload import extract_submodules_state_dict, save_offload_index
+from accelerate.utils.offload import extract_submodules_state_dict
 
 from . import leftovers
 from .device_map import OFFLOAD_DEVICES, Device, device_name, main_device as default_main_device
 from .offload import check_disk_folder
+from .offload_plan import packed_layout
+from .offload_store import DiskStore
 
 OFFLOAD_DIR_PREFIX = "memorykit-devicemap-"
 
@@ -67,8 +69,10 @@ class DispatchedModel:
     """
 
     def __init__(self, module: torch.nn.Module, device_map: dict, main_device: Device,
-                 offload_dir: str | None, original_devices: dict, own_forwards: frozenset = frozenset()):
+                 offload_dir: str | None, original_devices: dict, own_forwards: frozenset = frozenset(),
+                 store: DiskStore | None = None):
         self.module = module
+        self.store = store
         self.device_map = dict(device_map)
         self.main_device = main_device
         self.offload_dir = offload_dir
@@ -85,8 +89,12 @@ class DispatchedModel:
             return
         try:
             _restore(self.module, self.original_devices, self.own_forwards)
+            _own_memory(self.module, self.store)
         finally:
             self.active = False
+            if self.store is not None:
+                self.store.close()
+                self.store = None
             if self.offload_dir:
                 leftovers.remove_folder(self.offload_dir)
 
@@ -116,6 +124,17 @@ def _restore(module: torch.nn.Module, original_devices: dict, own_forwards: froz
             set_module_tensor_to_device(module, name, want, clear_cache=False)
 
 
+def _own_memory(module: torch.nn.Module, store: DiskStore | None) -> None:
+    """Tensors accelerate restored as views of the disk store get memory of their own."""
+    if store is None or store.tensor is None or not store.nbytes:
+        return
+    lo = store.tensor.data_ptr()
+    hi = lo + store.nbytes
+    for _, t in _named_tensors(module):
+        if t.device.type == "cpu" and lo <= t.untyped_storage().data_ptr() < hi:
+            t.data = t.data.clone()
+
+
 def _expand_root(module: torch.nn.Module, device_map: dict) -> dict:
     """``{"": d}`` → one entry per direct child / direct tensor of ``module`` on ``d``.
 
@@ -137,22 +156,30 @@ def disk_state_dict(module: torch.nn.Module, device_map: dict) -> dict:
     return extract_submodules_state_dict(module.state_dict(), disk) if disk else {}
 
 
-def _write_offload_files(folder: str, state_dict: dict) -> None:
-    """``state_dict`` in accelerate's offload format (``accelerate.utils.offload.offload_weight``:
-    raw ``<name>.dat`` per tensor, bf16 as int16 and fp8 as int8, ``index.json``), written with
-    plain file writes, so a full disk raises OSError."""
-    index = {}
-    for name, t in state_dict.items():
-        dtype = None
-        if t.dtype == torch.bfloat16:
-            t, dtype = t.view(torch.int16), "bfloat16"
-        elif str(t.dtype).startswith("torch.float8_"):
-            t, dtype = t.view(torch.int8), str(t.dtype).split(".")[1]
-        array = t.detach().cpu().contiguous().numpy()
-        index[name] = {"dtype": dtype or str(array.dtype), "shape": list(array.shape)}
-        with open(os.path.join(folder, f"{name}.dat"), "wb") as f:
-            f.write(memoryview(array.reshape(-1)).cast("B"))
-    save_offload_index(index, folder)
+def _pack_to_disk(folder: str, state_dict: dict) -> tuple[DiskStore, dict]:
+    """``state_dict`` copied into one unnamed file in ``folder`` (512-byte aligned tensors, see
+    :class:`memorykit.offload_store.DiskStore`); returns the store and the views of it, same keys.
+    Raises OSError when the folder cannot take them (a full disk: ENOSPC)."""
+    names = list(state_dict)
+    tensors = [state_dict[n].detach() for n in names]
+    offsets, total = packed_layout(tensors)
+    store = DiskStore(folder, total)
+    views = {}
+    try:
+        # Normal tensors even when ComfyUI loads inside inference mode: accelerate makes
+        # Parameters of them on removal, which inference tensors refuse.
+        with torch.inference_mode(False):
+            for n, t, o in zip(names, tensors, offsets):
+                nb = t.numel() * t.element_size()
+                v = store.tensor[o:o + nb].view(t.dtype).view(t.shape)
+                v.copy_(t)
+                views[n] = v
+        store.drop()
+    except BaseException:
+        views.clear()
+        store.close()
+        raise
+    return store, views
 
 
 def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folder: str | None = None,
@@ -187,7 +214,8 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
     main = default_main_device(device_map) if main_device is None else main_device
     original = {n: t.device for n, t in _named_tensors(module)}
     own_forwards = _instance_forwards(module)
-    offload_dir = None
+    offload_dir, store, weights = None, None, None
+    expanded = _expand_root(module, device_map)
     if "disk" in device_map.values():
         disk_weights = disk_state_dict(module, device_map)
         need = sum(t.numel() * t.element_size() for t in disk_weights.values())
@@ -197,19 +225,27 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
         except OSError as e:
             raise RuntimeError(f"cannot create an offload folder in {parent!r}: {e}") from None
         try:
-            _write_offload_files(offload_dir, disk_weights)
+            store, weights = _pack_to_disk(offload_dir, disk_weights)
         except OSError as e:
             leftovers.remove_folder(offload_dir)
             raise RuntimeError(f"writing the disk weights to {offload_dir!r} failed ({e.strerror or e}): free space "
                                "in the offload folder or choose another one.") from None
         del disk_weights
+        if main != "cpu":  # accelerate streams "cpu" entries from this state dict too when it is given
+            cpu = [n for n, d in expanded.items() if d == "cpu"]
+            if cpu:
+                weights.update(extract_submodules_state_dict(module.state_dict(), cpu))
     try:
-        dispatch_model(module, device_map=_expand_root(module, device_map), main_device=main, offload_dir=offload_dir,
-                       skip_keys=skip_keys, preload_module_classes=preload_module_classes, force_hooks=True)
+        dispatch_model(module, device_map=expanded, main_device=main, state_dict=weights,
+                       offload_index={} if weights is not None else None, skip_keys=skip_keys,
+                       preload_module_classes=preload_module_classes, force_hooks=True)
     except BaseException as e:
         try:
             _restore(module, original, own_forwards)
+            _own_memory(module, store)
         finally:
+            if store is not None:
+                store.close()
             if offload_dir:
                 leftovers.remove_folder(offload_dir)
         if isinstance(e, torch.OutOfMemoryError):
@@ -217,4 +253,4 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
             raise RuntimeError(f"out of memory while placing the device map on {', '.join(sorted(on))}: lower "
                                f"max_memory for those devices (or free memory) and run again. ({e})") from None
         raise
-    return DispatchedModel(module, device_map, main, offload_dir, original, own_forwards)
+    return DispatchedModel(module, device_map, main, offload_dir, original, own_forwards, store)

@@ -45,11 +45,13 @@ FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 from .fp8_patterns import (  # noqa: F401
     CASTABLE_TYPES,
     COMMON_SKIPS,
-    FAMILY_BY_CLASS,
+    FAMILY_BLOCKS,
+    FAMILY_SIGNATURES,
     FAMILY_SKIPS,
     HIGH_PRECISION,
     PRESETS,
     LayerPlan,
+    coverage,
     default_skip_patterns,
     detect_family,
     parse_patterns,
@@ -66,12 +68,19 @@ def _check_storage(storage_dtype: torch.dtype) -> float:
     return FP8_MAX[storage_dtype]
 
 
-def compute_scale(weight: torch.Tensor, storage_dtype: torch.dtype, scaling: str) -> torch.Tensor | None:
+def compute_scale(weight: torch.Tensor, storage_dtype: torch.dtype, scaling: str,
+                  power_of_two: bool = False) -> torch.Tensor | None:
     """Scale s with weight ≈ s · q, q the float8 value: ``None`` for ``none``; a 0-d float32
     tensor ``amax/fmax`` for ``per-tensor``; shape (out, 1, ...) (weight.ndim dims) for
     ``per-output-channel`` (dim 0 = output channels of Linear/Conv). fmax is the largest
     finite float8 value (448 for e4m3fn, 57344 for e5m2), so the largest |w| maps to it and
-    small weights move out of the subnormal range. An all-zero tensor/row gets scale 1."""
+    small weights move out of the subnormal range. An all-zero tensor/row gets scale 1.
+
+    ``power_of_two``: s rounded up to a power of two (2^ceil(log2(amax/fmax)); the largest |w|
+    maps into (fmax/2, fmax]). Same relative precision (float8 is a floating-point format), and s
+    and every product q · s are exact in bf16/fp16/fp32: for code that multiplies by the scale in
+    the compute dtype (core's QuantizedTensor dequantises so), where amax/fmax itself would be
+    rounded (bf16 keeps 8 bits; an e5m2 scale is an fp16 subnormal)."""
     fmax = _check_storage(storage_dtype)
     if scaling == "none":
         return None
@@ -82,7 +91,8 @@ def compute_scale(weight: torch.Tensor, storage_dtype: torch.dtype, scaling: str
         amax = w.abs().reshape(w.shape[0], -1).amax(dim=1).float().reshape((-1,) + (1,) * (w.ndim - 1))
     else:
         raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
-    return torch.where(amax > 0, amax / fmax, torch.ones_like(amax))
+    s = torch.where(amax > 0, amax / fmax, torch.ones_like(amax))
+    return torch.exp2(torch.ceil(torch.log2(s))) if power_of_two else s
 
 
 def quantize_with_scale(weight: torch.Tensor, storage_dtype: torch.dtype, scale: torch.Tensor | None,
@@ -106,8 +116,10 @@ def quantize_with_scale(weight: torch.Tensor, storage_dtype: torch.dtype, scale:
 
 def quantize_weight(weight: torch.Tensor, storage_dtype: torch.dtype, scaling: str = "per-tensor",
                     work_device: torch.device | str | None = None,
-                    out_device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Quantise one weight to float8: returns ``(q, scale)`` (see :func:`compute_scale`).
+                    out_device: torch.device | str | None = None,
+                    power_of_two: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Quantise one weight to float8: returns ``(q, scale)`` (see :func:`compute_scale`, also
+    for ``power_of_two``).
 
     ``work_device``: where the arithmetic runs (e.g. the GPU, much faster than the CPU for
     large models; default the weight's device); ``out_device``: where q and scale are put
@@ -117,7 +129,7 @@ def quantize_weight(weight: torch.Tensor, storage_dtype: torch.dtype, scaling: s
     w = weight.detach()
     if work_device is not None:
         w = w.to(work_device)
-    scale = compute_scale(w, storage_dtype, scaling)
+    scale = compute_scale(w, storage_dtype, scaling, power_of_two)
     q = quantize_with_scale(w, storage_dtype, scale)
     dest = torch.device(out_device) if out_device is not None else src_device
     if q.device != dest:

@@ -1,9 +1,11 @@
 """Which layers FP8 Layerwise Cast stores in float8: skip patterns and the layer plan.
 
 Plain torch (no ComfyUI import). The default patterns are written in ComfyUI's module names
-(relative to ``model.diffusion_model``), one set per architecture family, detected from the
-diffusion model's class name; diffusers' own defaults (``pos_embed``, ``norm``, ``proj_in``...)
-use diffusers' names and miss most of these layers.
+(relative to ``model.diffusion_model``), one set per architecture family, detected from what the
+diffusion model is — the names of its top-level modules (:data:`FAMILY_SIGNATURES`) — not its
+class name (AuraFlow's class is named ``MMDiT``, like SD3's, and has other module names);
+diffusers' own defaults (``pos_embed``, ``norm``, ``proj_in``...) use diffusers' names and miss
+most of these layers.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
+
+from . import validation
 
 CASTABLE_TYPES = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 HIGH_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
@@ -71,6 +75,12 @@ FAMILY_SKIPS: dict[str, tuple[tuple[str, str], ...]] = {
         (r"adaLN_modulation", "modulation"),
         (r"^final_layer\.", "in/out projection"),
     ),
+    # AuraFlow (comfy.ldm.aura.mmdit.MMDiT): modC/modX/modCX in the blocks, modF global.
+    "auraflow": (
+        (r"^(t_embedder|cond_seq_linear|init_x_linear)(\.|$)", "embedding"),
+        (r"(^|\.)mod(C|X|CX|F)\.", "modulation"),
+        (r"^final_linear$", "in/out projection"),
+    ),
     # Anything else: the usual names of input/output projections.
     "generic": (
         (r"^(img_in|txt_in|x_embedder|patch_embed|patch_embedding|proj_in|proj_out|conv_in|conv_out)(\.|$)",
@@ -79,33 +89,51 @@ FAMILY_SKIPS: dict[str, tuple[tuple[str, str], ...]] = {
         (r"(modulation|adaLN)", "modulation"),
     ),
 }
-# Class name of the diffusion model → family.
-FAMILY_BY_CLASS = {
-    "UNetModel": "unet", "Flux": "flux", "Chroma": "flux", "HunyuanVideo": "flux",
-    "WanModel": "wan", "VaceWanModel": "wan", "CameraWanModel": "wan", "WanModel_S2V": "wan",
-    "HumoWanModel": "wan", "AnimateWanModel": "wan",
-    "MMDiT": "mmdit", "OpenAISignatureMMDITWrapper": "mmdit",
-    "QwenImageTransformer2DModel": "qwen_image", "LTXVModel": "ltxv", "NextDiT": "lumina",
+# Family by what the model is: the top-level modules (children and parameters of the diffusion
+# model) every model of the family has; the first match wins (order matters: SD3 and AuraFlow
+# both have an ``x_embedder``/``t_embedder``, Qwen-Image and LTXV both ``transformer_blocks``).
+FAMILY_SIGNATURES: tuple[tuple[str, frozenset[str]], ...] = (
+    ("unet", frozenset({"input_blocks", "middle_block", "output_blocks"})),
+    ("auraflow", frozenset({"double_layers", "single_layers", "init_x_linear", "modF"})),
+    ("mmdit", frozenset({"joint_blocks", "x_embedder"})),
+    ("flux", frozenset({"double_blocks", "single_blocks", "img_in"})),   # Flux, Flux 2, Chroma, HunyuanVideo (1.5)
+    ("qwen_image", frozenset({"transformer_blocks", "img_in", "txt_in", "time_text_embed"})),
+    ("ltxv", frozenset({"transformer_blocks", "patchify_proj"})),
+    ("wan", frozenset({"blocks", "patch_embedding", "head"})),
+    ("lumina", frozenset({"layers", "x_embedder", "cap_embedder"})),
+)
+# The block lists of each family (top-level names): modulation inside them is cast under ``auto``.
+FAMILY_BLOCKS = {
+    "unet": "", "flux": "double_blocks|single_blocks", "wan": "blocks", "mmdit": "joint_blocks",
+    "qwen_image": "transformer_blocks", "ltxv": "transformer_blocks", "lumina": "layers|noise_refiner|context_refiner",
+    "auraflow": "double_layers|single_layers",
+    "generic": "blocks|layers|transformer_blocks|double_blocks|single_blocks|joint_blocks",
 }
-PRESETS = ("auto", "auto_fp8_modulation", "none")
+PRESETS = ("auto", "auto_keep_block_modulation", "auto_fp8_modulation", "none")
 
 
 def detect_family(module: torch.nn.Module) -> str:
-    """Architecture family of a diffusion model from its class name (see ``FAMILY_BY_CLASS``);
-    ``"generic"`` when unknown."""
-    for cls in type(module).__mro__:
-        if cls.__name__ in FAMILY_BY_CLASS:
-            return FAMILY_BY_CLASS[cls.__name__]
-    return "generic"
+    """Architecture family of a diffusion model from the names of its top-level modules and
+    parameters (see :data:`FAMILY_SIGNATURES`); ``"generic"`` when none matches."""
+    names = {n for n, _ in module.named_children()} | {n for n, _ in module.named_parameters(recurse=False)}
+    return next((fam for fam, need in FAMILY_SIGNATURES if need <= names), "generic")
+
+
+def _outside_blocks(pattern: str, blocks: str) -> str:
+    """``pattern`` restricted to names outside the top-level ``blocks`` lists (a regex)."""
+    return rf"^(?!(?:{blocks})\.).*?(?:{pattern})" if blocks else pattern
 
 
 def default_skip_patterns(family: str, preset: str = "auto") -> list[tuple[str, str]]:
     """(pattern, category) pairs kept in the compute dtype for ``family`` under ``preset``.
 
-    ``auto``: norms, embeddings, modulation and in/out projections. ``auto_fp8_modulation``:
-    the same without the modulation layers (on Flux they are ~27 % of the weights: float8
-    there brings weight memory from ~0.64× to ~0.51× bf16). ``none``: nothing. Raises
-    ValueError for an unknown family or preset.
+    ``auto``: norms, embeddings, in/out projections, and the modulation layers outside the
+    blocks (global conditioning: final-layer AdaLN, Chroma's approximator, AuraFlow's modF); the
+    modulation inside the blocks is cast (it is 27-33 % of the block weights of Flux, SD3.5,
+    Qwen-Image and HunyuanVideo; keeping it left those at 0.64-0.71x of bf16).
+    ``auto_keep_block_modulation``: all modulation kept (the default before block modulation went to float8).
+    ``auto_fp8_modulation``: no modulation kept. ``none``: nothing. Raises ValueError for an
+    unknown family or preset.
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown skip preset {preset!r}; expected one of {PRESETS}")
@@ -116,27 +144,20 @@ def default_skip_patterns(family: str, preset: str = "auto") -> list[tuple[str, 
     pats = list(COMMON_SKIPS) + list(FAMILY_SKIPS[family])
     if preset == "auto_fp8_modulation":
         pats = [(p, c) for p, c in pats if c != "modulation"]
+    elif preset == "auto":
+        blocks = FAMILY_BLOCKS.get(family, "")
+        pats = [(_outside_blocks(p, blocks), "modulation outside the blocks") if c == "modulation" else (p, c)
+                for p, c in pats]
     return pats
 
 
 def parse_patterns(text: str) -> list[str]:
-    """Regex patterns from free text: one per line or comma-separated; blank lines and lines
-    starting with ``#`` are ignored. Raises ValueError naming the first invalid pattern."""
-    out = []
-    for line in (text or "").splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        for pat in (p.strip() for p in line.split(",")):
-            if not pat:
-                continue
-            try:
-                re.compile(pat)
-            except re.error as e:
-                raise ValueError(f"invalid skip pattern {pat!r}: {e} (patterns are Python regular "
-                                 "expressions searched in module names, e.g. 'double_blocks\\.0\\.')") from None
-            out.append(pat)
-    return out
+    """Skip patterns from the ``extra_skip_patterns`` text (see :func:`validation.split_patterns`:
+    one per line, or separated by commas outside brackets/braces/parentheses; ``#`` lines
+    ignored). Each is checked by :func:`validation.compile_pattern` (Python regex syntax without
+    backreferences/lookarounds, matched in linear time). Raises ValueError naming the field and
+    the first invalid pattern."""
+    return validation.parse_patterns(text, "extra_skip_patterns")
 
 
 @dataclass
@@ -152,14 +173,19 @@ def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str
                 get_module: Callable[[str, torch.nn.Module], torch.nn.Module] | None = None) -> LayerPlan:
     """Split the Linear/Conv1d/2d/3d layers of ``module`` into cast and kept.
 
-    A layer is kept when a pattern (``re.search`` on its dotted name) matches, when its weight
+    A layer is kept when a pattern (``re.search`` semantics on its dotted name; a ``str`` is a
+    user's pattern, matched in linear time by :func:`validation.compile_pattern`, a
+    ``(pattern, reason)`` pair a preset's, matched by ``re``) matches, when its weight
     is not float32/float16/bfloat16 (already quantised, e.g. core's fp8 weight dtype), or when
     it holds parameters/buffers other than ``weight``/``bias`` (e.g. core's scaled-fp8 ops).
     ``get_module(name, module)`` may map a module found in the tree to the one to inspect
     (ComfyUI: the original behind an object patch).
     """
-    pats = [(p, p) if isinstance(p, str) else (p[0], f"{p[0]} ({p[1]})") for p in skip_patterns]
-    compiled = [(re.compile(p), why) for p, why in pats]
+    # A user's pattern (a plain string, from parse_patterns) is matched by the bounded-time
+    # automaton; a preset's (a (pattern, reason) pair written in this module, some with
+    # lookaheads the automaton refuses) by ``re``: fixed, reviewed patterns cannot backtrack badly.
+    compiled = [(validation.compile_pattern(p, "extra_skip_patterns"), p) if isinstance(p, str)
+                else (re.compile(p[0]), f"{p[0]} ({p[1]})") for p in skip_patterns]
     plan = LayerPlan()
     for name, m in module.named_modules():
         if get_module is not None:
@@ -184,3 +210,23 @@ def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str
     return plan
 
 
+
+
+def coverage(module: torch.nn.Module, plan: LayerPlan, family: str | None = None) -> dict:
+    """How much of ``module``'s weights ``plan`` casts, in bytes (tensor sizes only: works on the
+    meta device). Returns ``total_bytes`` (every parameter), ``cast_bytes`` (weights of the cast
+    layers), ``block_bytes`` (parameters under the family's top-level block lists,
+    :data:`FAMILY_BLOCKS`), ``block_cast_bytes``, ``cast_share`` / ``block_cast_share`` (0-1),
+    ``kept_layers`` (count) and ``family``."""
+    family = family or detect_family(module)
+    blocks = FAMILY_BLOCKS.get(family) or FAMILY_BLOCKS["generic"]
+    in_block = re.compile(rf"^(?:{blocks})\.")
+    size = {n: p.numel() * p.element_size() for n, p in module.named_parameters()}
+    cast = {f"{name}.weight" for name in plan.cast}
+    total = sum(size.values())
+    block = sum(b for n, b in size.items() if in_block.match(n))
+    cast_b = sum(size.get(n, 0) for n in cast)
+    block_cast = sum(size.get(n, 0) for n in cast if in_block.match(n))
+    return {"family": family, "total_bytes": total, "cast_bytes": cast_b, "block_bytes": block,
+            "block_cast_bytes": block_cast, "cast_share": cast_b / max(1, total),
+            "block_cast_share": block_cast / max(1, block), "kept_layers": len(plan.kept)}

@@ -14,7 +14,8 @@ state directory given to :func:`configure`; ComfyUI's user directory in the pack
 - :func:`install_sigterm_cleanup` removes this process's folders on SIGTERM, then passes the
   signal on to the handler that was there before (or the default action: the process ends).
 
-Plain paths and the standard library; knows nothing of ComfyUI. Thread- and process-safe
+Plain paths and the standard library; knows nothing of ComfyUI. A damaged list is recovered
+(its unreadable lines dropped), never an error. Thread- and process-safe
 list updates (``fcntl`` lock where it exists).
 """
 from __future__ import annotations
@@ -27,6 +28,8 @@ import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+
+from . import safe_files
 
 MARKER = ".memorykit-owner.json"
 LIST_NAME = "folders.txt"
@@ -98,15 +101,18 @@ def _locked_list():
 
 
 def _read(path: Path) -> list[dict]:
+    """The list's valid entries. A corrupted list (bytes that are not UTF-8, lines that are not
+    JSON, not a regular file, larger than 16 MiB) loses only its bad lines: the next write
+    rewrites the file with the good ones, so one damaged line never blocks the pack's disk writes."""
     out = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
+        raw = safe_files.read_regular(path, "leftovers list", 16 * 2**20)
+    except (OSError, ValueError):
         return out
-    for line in lines:
+    for line in raw.splitlines():
         try:
-            entry = json.loads(line)
-        except ValueError:
+            entry = json.loads(line.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError both
             continue
         if isinstance(entry, dict) and isinstance(entry.get("path"), str):
             out.append(entry)

@@ -3,15 +3,16 @@
 :func:`apply_group_offload` keeps the remainder and, under a budget, as many blocks as fit on
 the onload device (see :mod:`memorykit.offload_plan`) and streams the other blocks: from CPU
 RAM with :class:`memorykit.offload_stream.EventRing` (``scheduler="memorykit"``, the default;
-why: see that module) or diffusers' hooks, from disk with diffusers' hooks.
+why: see that module) or diffusers' hooks, from disk always with the event ring (an unnamed
+file, :mod:`memorykit.offload_store`: the real weights stay readable whatever happens to the
+folder, and the ring's rule for weights read outside their module's forward holds on disk too).
 :func:`remove_group_offload` undoes it exactly.
 :func:`offload_figures` returns the figures a benchmark needs. No ComfyUI knowledge here.
 
 Where this code does what diffusers does not (each marked "why" below):
 - a budget: diffusers streams every block; resident blocks are hidden from it while it applies;
-- removal: diffusers removes its hooks but leaves weights where they last were (disk groups
-  hold uninitialised placeholders, module buffers stay on the GPU on the stream path,
-  diffusers #13238) and leaves its instance ``forward`` and registry attributes behind;
+- removal: diffusers removes its hooks but leaves weights where they last were (module
+  buffers stay on the GPU on the stream path, diffusers #13238) and leaves its instance ``forward`` and registry attributes behind;
 - pinning: diffusers pins by copying every streamed weight (twice the host RAM while it runs,
   then pinned blocks of torch's caching host allocator); here the weights are page-locked in
   place (``cudaHostRegister``) and unlocked on removal.
@@ -40,7 +41,6 @@ log = logging.getLogger(__name__)
 # diffusers.hooks.group_offloading's hook names (_GROUP_OFFLOADING, _LAYER_EXECUTION_TRACKER,
 # _LAZY_PREFETCH_GROUP_OFFLOADING).
 HOOK_NAMES = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
-ALIGN_HOOK = "memorykit_align_cpu"
 _MARK = "_memorykit_group_offload"
 DISK_MARGIN_BYTES = 256 << 20
 
@@ -125,30 +125,6 @@ def _page_lock(h: GroupOffloadHandle, tensors) -> None:
             h._locked.append((ptr, t.data))
 
 
-def _register_align_hooks(modules) -> None:
-    """On a CPU onload device with disk offload, copy weights diffusers loaded from disk to
-    fresh memory when their module runs.
-
-    Why: safetensors' loader returns views of the mapped file at the tensors' file offsets
-    (8-byte aligned); CPU GEMV kernels give different bits for such weights than for the
-    64-byte aligned ones the plain model has, so the output would not be bit-exact. The hook
-    is registered before diffusers' hooks, so it runs inside them, right after the onload.
-    """
-    from diffusers.hooks import HookRegistry, ModelHook
-
-    class AlignOnCpu(ModelHook):
-        def pre_forward(self, module, *args, **kwargs):
-            for d in (module._parameters, module._buffers):
-                for t in d.values():
-                    if t is not None and t.device.type == "cpu" and t.data_ptr() % 64:
-                        t.data = torch.empty_like(t.data).copy_(t.data)
-            return args, kwargs
-
-    for m in modules:
-        if any(t is not None for t in list(m._parameters.values()) + list(m._buffers.values())):
-            HookRegistry.check_if_exists_or_initialize(m).register_hook(AlignOnCpu(), ALIGN_HOOK)
-
-
 @contextlib.contextmanager
 def _only_streamed_blocks(module: nn.Module, lists: BlockLists, streamed: set[str], anchor: bool):
     """While diffusers applies, make ``module``'s children the streamed blocks only.
@@ -188,8 +164,9 @@ def apply_group_offload(module: nn.Module, onload_device: str | torch.device,
     ``offload_device`` stores (``cpu``). ``budget_bytes``: onload-device bytes the weights may
     use, streaming buffers included (None: stream all blocks); ``block_lists``: see
     :func:`memorykit.offload_plan.plan_offload`. With ``options.offload_to == "disk"`` the
-    files go to a new folder ``memorykit-offload-<disk_tag>-*`` inside ``disk_folder``, removed
-    with the handle. Block_level checks on the first forward that every streamed block ran
+    weights go to an unnamed file (:mod:`memorykit.offload_store`) in a new folder
+    ``memorykit-offload-<disk_tag>-*`` inside ``disk_folder`` (tracked by
+    :mod:`memorykit.leftovers`), both freed with the handle. Block_level checks on the first forward that every streamed block ran
     through its ``forward`` (a block called another way would run with offloaded weights) and
     raises RuntimeError otherwise. Raises ValueError for invalid options or a module already
     offloaded, RuntimeError for an unusable disk folder; on any error the module is restored.
@@ -208,6 +185,11 @@ def apply_group_offload(module: nn.Module, onload_device: str | torch.device,
     h = GroupOffloadHandle(module, plan, options, onload, offload)
     if options.event_ring and (plan.streamed_blocks or not plan.remainder_resident):
         try:
+            if options.offload_to == "disk":
+                parent = check_disk_folder(disk_folder, plan.streamed_bytes)
+                tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", disk_tag)[:64]
+                h.disk_dir = leftovers.make_folder(f"memorykit-offload-{tag}-", parent)
+                h._dir_finalizer = weakref.finalize(h, leftovers.remove_folder, h.disk_dir)
             _apply_event_ring(h, lists)
         except BaseException:
             remove_group_offload(h)
@@ -227,36 +209,21 @@ def apply_group_offload(module: nn.Module, onload_device: str | torch.device,
         if not streamed:  # everything fits the budget: no hooks, only the forward counter
             _install_counters(h, [])
             return h
-        if options.offload_to == "disk":
-            parent = check_disk_folder(disk_folder, plan.streamed_bytes)
-            tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", disk_tag)[:64]
-            h.disk_dir = leftovers.make_folder(f"memorykit-offload-{tag}-", parent)
-            h._dir_finalizer = weakref.finalize(h, leftovers.remove_folder, h.disk_dir)
-        if (options.use_stream and not options.low_cpu_mem_usage and options.offload_to == "cpu"
-                and onload.type == "cuda"):
+        if options.use_stream and not options.low_cpu_mem_usage and onload.type == "cuda":
             _page_lock(h, streamed)
         block_level = options.offload_type == "block_level"
-        if options.offload_to == "disk" and onload.type == "cpu":
-            roots = streamed_blocks if plan.remainder_resident else [module]
-            _register_align_hooks({id(m): m for r in roots for m in r.modules()}.values())
         kwargs = dict(onload_device=onload, offload_device=offload, offload_type=options.offload_type,
                       num_blocks_per_group=options.group_size if block_level else None,
                       use_stream=options.use_stream, record_stream=options.record_stream,
-                      low_cpu_mem_usage=options.low_cpu_mem_usage, offload_to_disk_path=h.disk_dir)
+                      low_cpu_mem_usage=options.low_cpu_mem_usage)
         if options.exclude_kwargs and "exclude_kwargs" in inspect.signature(apply_group_offloading).parameters:
             kwargs["exclude_kwargs"] = list(options.exclude_kwargs)  # newer diffusers only; older ones copy them
-        try:
-            if plan.remainder_resident:
-                with _only_streamed_blocks(module, lists, set(plan.streamed_blocks),
-                                           block_level and options.use_stream):
-                    apply_group_offloading(module, **kwargs)
-            else:
+        if plan.remainder_resident:
+            with _only_streamed_blocks(module, lists, set(plan.streamed_blocks),
+                                       block_level and options.use_stream):
                 apply_group_offloading(module, **kwargs)
-        except Exception as e:  # diffusers writes the disk files while it applies (OSError, SafetensorError)
-            if h.disk_dir is None:
-                raise
-            raise RuntimeError(f"Writing offload files to {h.disk_dir!r} failed ({e}): free space or choose "
-                               "another folder.") from e
+        else:
+            apply_group_offloading(module, **kwargs)
         _install_counters(h, list(zip(plan.streamed_blocks, streamed_blocks)) if block_level else [])
     except BaseException:
         remove_group_offload(h)
@@ -276,8 +243,12 @@ def _apply_event_ring(h: GroupOffloadHandle, lists: BlockLists) -> None:
     for t in module_tensors(module):
         _move_(t, h.offload_device if id(t) in streamed else h.onload_device)
     module.__dict__[_MARK] = weakref.ref(h)
-    h.ring = EventRing(module, pairs, h.onload_device, plan.buffer_bytes, use_stream=options.use_stream,
-                       pin=not options.low_cpu_mem_usage)
+    try:
+        h.ring = EventRing(module, pairs, h.onload_device, plan.buffer_bytes, use_stream=options.use_stream,
+                           pin=not options.low_cpu_mem_usage, disk_folder=h.disk_dir)
+    except OSError as e:
+        raise RuntimeError(f"Writing the offloaded weights to {h.disk_dir!r} failed ({e.strerror or e}): free "
+                           "space or choose another disk_folder.") from None
     block_level = options.offload_type == "block_level"
     by_name = {n: b for _, bl in lists for n, b in bl}
     _install_counters(h, [(n, by_name[n]) for n in plan.streamed_blocks] if block_level else [])
@@ -340,19 +311,10 @@ def _collect_groups(module: nn.Module) -> list:
 def _restore_group_values(group) -> None:
     """Put each tensor of a diffusers ModuleGroup back on real values held in CPU memory.
 
-    Disk groups: the group's file (diffusers leaves empty placeholders). Stream groups: the
-    CPU copies in ``cpu_param_dict`` (which also cover module buffers, diffusers #13238).
-    Non-stream memory groups already hold their values (on CPU, or on the GPU mid-forward).
+    Stream groups: the CPU copies in ``cpu_param_dict`` (which also cover module buffers,
+    diffusers #13238). Non-stream groups already hold their values (on CPU, or on the GPU
+    mid-forward). (Disk groups are never diffusers': the event ring streams from disk.)
     """
-    path = getattr(group, "safetensors_file_path", None) if getattr(group, "offload_to_disk_path", None) else None
-    if path is not None:
-        if os.path.exists(path):
-            import safetensors.torch
-            loaded = safetensors.torch.load_file(path, device="cpu")
-            for key, t in group.key_to_tensor.items():
-                if key in loaded:
-                    t.data = loaded[key].clone()  # own, 64-byte aligned memory (see _register_align_hooks)
-        return
     for t, cpu in (getattr(group, "cpu_param_dict", None) or {}).items():
         t.data = cpu
 
@@ -375,7 +337,7 @@ def remove_group_offload(h: GroupOffloadHandle) -> None:
         reg = m.__dict__.get("_diffusers_hook")
         if reg is None:
             continue
-        for name in HOOK_NAMES + (ALIGN_HOOK,):
+        for name in HOOK_NAMES:
             reg.remove_hook(name, recurse=False)
         if not reg.hooks and id(m) not in h._had_registry:
             del m.__dict__["_diffusers_hook"]
@@ -410,9 +372,9 @@ def offload_figures(h: GroupOffloadHandle) -> dict:
 
     ``h2d_bytes_per_forward``: weights copied to the onload device per forward (each streamed
     group once); ``d2h_bytes_per_forward``: copied back (diffusers' non-stream cpu path moves
-    each group back with ``Module.to``; the stream path swaps pointers to its CPU copies; disk
-    groups drop theirs); ``disk_read_bytes_per_forward``; ``pinned_host_bytes``: page-locked
-    host memory holding weights now (measured); ``disk_bytes``: size of the offload files.
+    each group back with ``Module.to``; the stream path swaps pointers to its CPU copies);
+    ``disk_read_bytes_per_forward``; ``pinned_host_bytes``: page-locked host memory holding
+    weights now (measured); ``disk_bytes``: size of the disk store (its file has no name).
     """
     p = h.plan
     o = h.options
@@ -427,9 +389,10 @@ def offload_figures(h: GroupOffloadHandle) -> dict:
     if h.ring is not None:
         ring = h.ring.figures()
         return {**common, "scheduler": "memorykit", "groups": ring["groups"], "d2h_bytes_per_forward": 0,
-                "disk_read_bytes_per_forward": 0, "pinned_host_bytes": 0 if h.removed else ring["pinned_host_bytes"],
+                "pinned_host_bytes": 0 if h.removed else ring["pinned_host_bytes"],
                 "copied_bytes": ring["copied_bytes"], "copied_bytes_last_forward": ring["copied_bytes_last_forward"],
-                "ring_bytes": ring["ring_bytes"], "disk_bytes": 0, "disk_dir": None}
+                "ring_bytes": ring["ring_bytes"], "disk_bytes": ring["disk_bytes"], "disk_dir": h.disk_dir,
+                "disk_read_bytes_per_forward": p.streamed_bytes if o.offload_to == "disk" else 0}
     groups = [] if h.removed else _collect_groups(h.module)
     pinned, seen = 0, set()
     for g in groups:
@@ -438,12 +401,8 @@ def offload_figures(h: GroupOffloadHandle) -> dict:
             if ptr not in seen and _pinned(cpu):
                 seen.add(ptr)
                 pinned += cpu.untyped_storage().nbytes()
-    disk = 0
-    if h.disk_dir and os.path.isdir(h.disk_dir):
-        disk = sum(e.stat().st_size for e in os.scandir(h.disk_dir) if e.is_file())
     return {
         **common, "scheduler": "diffusers", "groups": len(groups),
-        "d2h_bytes_per_forward": p.streamed_bytes if (not o.use_stream and o.offload_to == "cpu" and not same) else 0,
-        "disk_read_bytes_per_forward": p.streamed_bytes if o.offload_to == "disk" else 0,
-        "pinned_host_bytes": pinned, "disk_bytes": disk, "disk_dir": h.disk_dir,
+        "d2h_bytes_per_forward": p.streamed_bytes if (not o.use_stream and not same) else 0,
+        "disk_read_bytes_per_forward": 0, "pinned_host_bytes": pinned, "disk_bytes": 0, "disk_dir": None,
     }

@@ -35,11 +35,12 @@ class GroupOffloadOptions:
 
     ``num_blocks_per_group``: blocks streamed together in block_level (a value ≥ the length of
     a block list puts the whole list in one group; diffusers forces 1 with ``use_stream``).
-    ``offload_to``: ``"cpu"`` (weights wait in RAM) or ``"disk"`` (one safetensors file per group).
+    ``offload_to``: ``"cpu"`` (weights wait in RAM) or ``"disk"`` (an unnamed file, see
+    :mod:`memorykit.offload_store`; always streamed by the event ring).
     ``exclude_kwargs``: keyword arguments the hooks must not copy to the onload device.
     ``scheduler``: who streams from CPU RAM: ``"memorykit"`` (:mod:`memorykit.offload_stream`,
     event-ordered prefetch into a preallocated ring, any group size; ``record_stream`` has no
-    effect there) or ``"diffusers"`` (its hooks as they are). Disk offload always uses diffusers.
+    effect there) or ``"diffusers"`` (its hooks as they are). Disk offload always uses the event ring.
     ``ring_groups``: event ring size in largest groups (0 = :data:`RING_GROUPS`; 1 = no
     overlap of copy and compute, each group replaces the previous one).
     """
@@ -74,8 +75,9 @@ class GroupOffloadOptions:
 
     @property
     def event_ring(self) -> bool:
-        """True when MemoryKit's event-ring scheduler streams (memorykit scheduler, cpu target)."""
-        return self.scheduler == "memorykit" and self.offload_to == "cpu"
+        """True when MemoryKit's event-ring scheduler streams: the memorykit scheduler, and
+        always for the disk target (one scheduler for RAM and disk, issue 24)."""
+        return self.scheduler == "memorykit" or self.offload_to == "disk"
 
     @property
     def group_size(self) -> int:

@@ -1,4 +1,4 @@
-"""Event-ring prefetch: MemoryKit's own scheduler for streaming weight groups from CPU RAM.
+"""Event-ring prefetch: MemoryKit's own scheduler for streaming weight groups from CPU RAM or disk.
 
 Why not diffusers' stream path (``diffusers.hooks.group_offloading.ModuleGroup``, 0.42): before
 every onload the host calls ``stream.synchronize()`` and, without ``record_stream``, after every
@@ -31,6 +31,10 @@ one block per group. That costs the 1.13-1.25x over the PCIe floor measured in
   forward, changed order) is copied on demand, evicting groups that already ran or were
   prefetched by mistake, never the one running.
 
+From disk, the host copies are views of one unnamed, memory-mapped file
+(:mod:`memorykit.offload_store`), whose pages are dropped after each copy: the same schedule,
+the same rule for weights read outside their module's forward.
+
 The same schedule runs on a CPU onload device (copies are memcpys into a CPU ring, no streams):
 that is how CI checks the scheduling bit for bit against the plain model. No ComfyUI here.
 """
@@ -43,6 +47,7 @@ import torch
 from torch import nn
 
 from .offload_plan import ALIGN_BYTES, packed_layout
+from .offload_store import DiskStore, page_round
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +71,7 @@ class _Group:
     buffer: torch.Tensor | None = None
     dev: list[torch.Tensor] = field(default_factory=list)
     locked_ptr: int | None = None
+    store_offset: int = -1
     state: str = HOST
     start: int = -1
     ready: object = None
@@ -113,14 +119,18 @@ class EventRing:
     (onload, prefetch) and a forward hook (done event); ``root`` gets hooks that trace the order. ``ring_bytes``: device bytes of the ring,
     at least the largest packed group. ``use_stream``: copy on a side CUDA stream ordered by
     events (else on the compute stream). ``pin``: pack and page-lock the host copies (else
-    copy each tensor from where it lies, pageable). The tensors must be plain CPU tensors.
-    Raises ValueError for a ring smaller than a group or a tensor that is not a plain tensor.
-    Undo with :meth:`remove`.
+    copy each tensor from where it lies, pageable). ``disk_folder``: pack the host copies into
+    one :class:`memorykit.offload_store.DiskStore` in that folder instead of RAM (``pin`` is
+    then ignored); a group's pages are dropped after each copy. The tensors must be plain CPU
+    tensors. Raises ValueError for a ring smaller than a group or a tensor that is not a plain
+    tensor, OSError when the disk folder cannot take the weights. Undo with :meth:`remove`.
     """
 
     def __init__(self, root: nn.Module, groups: list[tuple[list[nn.Module], list[torch.Tensor]]],
-                 onload_device: torch.device, ring_bytes: int, *, use_stream: bool, pin: bool):
+                 onload_device: torch.device, ring_bytes: int, *, use_stream: bool, pin: bool,
+                 disk_folder: str | None = None):
         self.root, self.device = root, torch.device(onload_device)
+        self.store: DiskStore | None = None
         self.events = use_stream and self.device.type == "cuda"
         self.cuda = self.device.type == "cuda"
         self.groups: list[_Group] = []
@@ -150,7 +160,10 @@ class EventRing:
         self.ring: torch.Tensor | None = None
         self.copy_stream = None
         try:
-            self._pack(pin)
+            if disk_folder is not None:
+                self._pack_to_disk(disk_folder)
+            else:
+                self._pack(pin)
             self.ring = torch.empty(ring_bytes, dtype=torch.uint8, device=self.device)
             if self.events:
                 self.copy_stream = torch.cuda.Stream(self.device)
@@ -182,6 +195,21 @@ class EventRing:
                     log.warning("cudaHostRegister failed for a %d-byte group: it streams from pageable memory",
                                 buf.numel())
 
+    def _pack_to_disk(self, folder: str) -> None:
+        """Pack every group into one unnamed file (page-aligned regions), the tensors then view it."""
+        starts, total = [], 0
+        for g in self.groups:
+            starts.append(total)
+            total += page_round(g.nbytes)
+        self.store = DiskStore(folder, total)
+        for g, start in zip(self.groups, starts):
+            buf = self.store.tensor[start:start + g.nbytes]
+            views = [_view(buf, o, t).copy_(t.data) for t, o in zip(g.tensors, g.offsets)]
+            for t, v in zip(g.tensors, views):
+                t.data = v  # the original storage is freed here unless something else holds it
+            g.buffer, g.host, g.store_offset = buf, views, start
+            self.store.drop(start, g.nbytes)  # written back: the RAM it took is given back
+
     def remove(self) -> None:
         """Undo everything: hooks removed, each tensor back on a fresh, unpinned CPU tensor of
         its own (contiguous) with its values, host buffers unlocked and freed, ring freed. Safe
@@ -200,6 +228,9 @@ class EventRing:
                     log.warning("cudaHostUnregister failed for a group buffer at 0x%x", g.locked_ptr)
                 g.locked_ptr = None
             g.buffer = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
         self.pinned_bytes = 0
         self._occupants.clear()
         self.ring = None
@@ -325,6 +356,8 @@ class EventRing:
                     d.copy_(host, non_blocking=self.cuda)
             if self.events:
                 g.ready.record(self.copy_stream)
+        if self.store is not None:  # the copy has read the pages (pageable source): unmap them again
+            self.store.drop(g.store_offset, n, evict=False)
         g.dev = dev
         g.state = PENDING
         self._occupants.append(g)
@@ -336,6 +369,7 @@ class EventRing:
         """``groups``, ``ring_bytes``, ``streamed_bytes`` (packed), ``pinned_host_bytes``
         (page-locked now), ``copied_bytes`` (since apply), ``copied_bytes_last_forward``
         (copies issued during the last forward, prefetches for the next one included),
+        ``disk_bytes`` (size of the disk store, 0 in RAM),
         ``resident_groups`` / ``resident_bytes`` (groups kept on the onload device because
         their forward never ran, outside the ring)."""
         return {"groups": len(self.groups), "ring_bytes": self.ring_bytes,
@@ -343,6 +377,7 @@ class EventRing:
                 "copied_bytes": self.copied_bytes, "copied_bytes_last_forward": self.copied_last_forward,
                 "resident_groups": self.resident_groups,
                 "resident_bytes": sum(g.nbytes for g in self.groups if g.state == RESIDENT),
+                "disk_bytes": self.store.nbytes if self.store is not None else 0,
                 "align_bytes": ALIGN_BYTES}
 
 

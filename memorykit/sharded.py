@@ -16,6 +16,10 @@ Rules (each broken rule raises :class:`ShardedCheckpointError` naming the file a
   the folder's real path) is refused; the one exception is a Hugging Face cache snapshot
   (``models--org--name/snapshots/<rev>/``), whose files link into the same repository's
   ``blobs/`` folder.
+- The index and the shards must be regular files (symlinks followed): a FIFO, a device such
+  as ``/dev/zero`` or a dangling link is refused before any read (:mod:`safe_files`), and an
+  index larger than ``MAX_INDEX_BYTES`` is refused before it is read. Shard names with control
+  characters (NUL) or components over 255 bytes are refused with the index's name.
 - Only ``.safetensors`` shards are read. Pickle files (``.bin``, ``.pt``, ``.pth``, ``.ckpt``,
   ``.pkl``) are never opened, let alone unpickled.
 - Shards are read one at a time with ``safetensors.safe_open`` (memory-mapped): the returned
@@ -36,9 +40,13 @@ from typing import Callable
 import torch
 from safetensors import SafetensorError, safe_open
 
+from . import safe_files
+from .validation import NAME_MAX
+
 INDEX_SUFFIX = ".safetensors.index.json"
 SHARD_SUFFIX = ".safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+MAX_INDEX_BYTES = 512 * 2**20  # an index of 10⁶ tensors is ~60 MB; refused above this before reading
 
 Progress = Callable[[int, int], None]
 """``progress(done, total)``: called after each shard (``done`` shards of ``total`` finished)."""
@@ -102,12 +110,13 @@ def find_index(path: str | os.PathLike) -> Path:
     :class:`ShardedCheckpointError` when ``path`` does not exist, is an empty folder, holds no
     index (with a specific message when it holds only pickle files such as
     ``pytorch_model.bin.index.json``), holds two or more indexes (choose one index file), or is
-    a file that is not a ``.safetensors.index.json``.
+    a file that is not a ``.safetensors.index.json``. (Whether the index is a regular file is
+    checked when it is read, :func:`read_index`.)
     """
     p = Path(path)
-    if not p.exists():
+    if not os.path.lexists(p):
         raise ShardedCheckpointError(f"Sharded checkpoint not found: {p}")
-    if p.is_file():
+    if not p.is_dir():
         if p.name.endswith(INDEX_SUFFIX):
             return p
         if p.name.lower().endswith(PICKLE_SUFFIXES) or p.name.lower().endswith(".bin.index.json"):
@@ -172,6 +181,14 @@ def safe_join(folder: Path, name: str, what: str = "shard") -> Path:
     """
     if not isinstance(name, str) or not name.strip():
         raise ShardedCheckpointError(f"{what} name {name!r} is not a file name")
+    bad = next((i for i, c in enumerate(name) if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise ShardedCheckpointError(f"{what} name {name[:60]!r} holds a control character ({name[bad]!r} at "
+                                     f"position {bad + 1}); no file has such a name: fix the index")
+    long = next((c for c in name.replace("\\", "/").split("/") if len(c.encode("utf-8", "replace")) > NAME_MAX), None)
+    if long is not None:
+        raise ShardedCheckpointError(f"{what} name {long[:40]!r}... is {len(long.encode('utf-8', 'replace'))} bytes "
+                                     f"long; file systems allow at most {NAME_MAX} bytes per name: fix the index")
     parts = name.replace("\\", "/").split("/")
     if name.startswith(("/", "\\")) or os.path.isabs(name) or (len(name) > 1 and name[1] == ":") or ".." in parts:
         raise ShardedCheckpointError(f"{what} name {name!r} points outside the folder {folder}: refused")
@@ -210,8 +227,9 @@ def _load_index_json(index_path: Path) -> dict:
                 raise ShardedCheckpointError(f"{index_path}: tensor/key {k!r} is listed twice")
             seen[k] = v
         return seen
+    raw = safe_files.read_regular(index_path, "sharded-checkpoint index", MAX_INDEX_BYTES, ShardedCheckpointError)
     try:
-        data = json.loads(index_path.read_text(encoding="utf-8"), object_pairs_hook=no_duplicates)
+        data = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ShardedCheckpointError(f"{index_path}: not a valid JSON index ({e})") from e
     except RecursionError:
@@ -279,11 +297,12 @@ def read_index(path: str | os.PathLike) -> ShardedIndex:
         if not name.lower().endswith(SHARD_SUFFIX):
             raise ShardedCheckpointError(f"{index_path}: shard {name!r} is not a .safetensors file; only "
                                          "safetensors shards are read")
-        if not target.is_file():
+        if not os.path.lexists(target):
             more = len(by_shard[name]) - 1
             raise ShardedCheckpointError(f"{index_path} lists shard {name!r}, which is missing from {folder} "
                                          f"(it should hold tensor {by_shard[name][0]!r}"
                                          + (f" and {more} more)" if more else ")"))
+        safe_files.check_regular(target, f"shard {name!r} of {index_path}", ShardedCheckpointError)
         shards.append(_read_shard(target, name, folder))
     where: dict[str, str] = {}
     for s in shards:

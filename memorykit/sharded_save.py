@@ -15,22 +15,24 @@ renamed into place at the end; on any error or interrupt the temporary folder is
 a destination is either complete or untouched. An existing destination is refused unless
 ``overwrite=True``; then only what an earlier save wrote there (its index and the shards that
 index names) is replaced, anything else in the folder is left as it is, and a folder holding
-no such checkpoint is refused (:func:`previous_save`). Knows nothing of ComfyUI.
+no such checkpoint is refused (:func:`previous_save`). An earlier save is recognised by the
+marker file it writes (``safe_files.SAVE_MARKER``), never by file names. Free space, path
+length and write permission are checked before the first byte is written. Knows nothing of ComfyUI.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import re
 import shutil
 import uuid
 from pathlib import Path
 
 import torch
 
-from . import leftovers
+from . import leftovers, safe_files
 from .sharded import Progress
+from .validation import NAME_MAX
 
 # Same units as huggingface_hub.serialization._base.SIZE_UNITS (decimal, as HF writes them).
 SIZE_UNITS = {"TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3}
@@ -63,48 +65,36 @@ def parse_size(size: str | int) -> int:
     return value
 
 
-def _shard_regex(filename_pattern: str) -> re.Pattern:
-    head, tail = filename_pattern.split("{suffix}", 1)
-    return re.compile(re.escape(head) + r"-\d{5}-of-\d{5}" + re.escape(tail))
-
-
 def previous_save(folder: str | os.PathLike, filename_pattern: str = DEFAULT_PATTERN) -> list[str]:
-    """The files an earlier :func:`save_sharded` wrote into ``folder`` (with the same
-    ``filename_pattern``): its index and the shards the index names; what ``overwrite`` may replace.
+    """The files an earlier :func:`save_sharded` wrote into ``folder``: what ``overwrite`` may
+    replace, in the order to move them aside (indexes first, the marker last).
 
-    Raises FileExistsError, naming what the folder holds and what to do, when ``folder`` is not
-    a folder, holds no such index, or the index is unreadable or names files that are not plain
-    shard names of this pattern (``model-00001-of-00003.safetensors``) in the folder itself.
+    An earlier save is recognised by the marker file it wrote (``safe_files.SAVE_MARKER``,
+    listing its files), never by file names: a huggingface_hub / transformers checkpoint
+    (``model-00001-of-00002.safetensors`` + ``model.safetensors.index.json``) looks exactly
+    like a save. Raises FileExistsError, naming what the folder holds and what to do, when
+    ``folder`` is not a folder or holds no valid marker -- also a folder saved by a version of
+    the pack before the marker existed (delete or move it by hand, then save again).
+    ``filename_pattern`` is accepted for compatibility; the marker decides.
     """
     folder = Path(folder)
-    index_name = filename_pattern.format(suffix="") + ".index.json"
     if not folder.is_dir():
         raise FileExistsError(f"{folder} exists and is not a folder; refusing to replace it: choose another name")
     entries = sorted(e.name + ("/" if e.is_dir() else "") for e in folder.iterdir())
     shown = ", ".join(entries[:8]) + (f" and {len(entries) - 8} more" if len(entries) > 8 else "")
-
-    def refuse(why: str) -> FileExistsError:
-        return FileExistsError(f"{folder} is not a sharded checkpoint written by Save Sharded ({why}; it holds: "
-                               f"{shown or 'nothing'}); overwrite replaces only such a checkpoint and never deletes "
-                               "other files: choose another name, or move those files away")
-    index = folder / index_name
-    if not index.is_file():
-        raise refuse(f"no {index_name}")
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
-    except (OSError, ValueError, AttributeError, RecursionError) as e:
-        raise refuse(f"{index_name} is not a readable index: {type(e).__name__}") from None
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise refuse(f"{index_name} has no weight_map")
-    names = sorted({v for v in weight_map.values() if isinstance(v, str)})
-    shard = _shard_regex(filename_pattern)
-    foreign = [v for v in weight_map.values() if not isinstance(v, str) or not shard.fullmatch(v)]
-    if foreign:
-        raise refuse(f"{index_name} names {foreign[0]!r}, not a shard name Save Sharded writes")
-    return [index_name] + [n for n in names if (folder / n).is_file() and not (folder / n).is_symlink()]
+    files = safe_files.read_marker(folder)
+    if files is None:
+        raise FileExistsError(
+            f"{folder} is not a sharded checkpoint written by Save Sharded (no valid {safe_files.SAVE_MARKER} marker; "
+            f"it holds: {shown or 'nothing'}); overwrite replaces only a checkpoint Save Sharded wrote and never "
+            "deletes other files: choose another name, or move those files away. (A folder saved by an earlier "
+            "MemoryKit version, before the marker existed, has none either: delete or move it yourself, then save "
+            "again.)")
+    present = [n for n in files if (folder / n).is_file() and not (folder / n).is_symlink()]
+    present.sort(key=lambda n: not n.endswith(".index.json"))  # indexes first: never an index naming missing shards
+    return present + [safe_files.SAVE_MARKER]
 
 
-NAME_MAX = 255  # bytes of one path component on Linux, macOS and Windows file systems
 
 
 def partial_folder(folder: Path) -> Path:
@@ -154,7 +144,11 @@ def save_sharded(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike,
     ValueError for a bad ``max_shard_size``, a non-tensor entry, an empty state dict, a
     ``filename_pattern`` without ``{suffix}`` or not ending in ``.safetensors``, and
     FileExistsError when ``folder`` exists and ``overwrite`` is False, or with ``overwrite``
-    when it holds no earlier save (see :func:`previous_save`) or a file the new save would write.
+    when it holds no earlier save (see :func:`previous_save`) or a file the new save would write;
+    before any write (:func:`safe_files.check_destination`) ValueError for a path that is too
+    long or runs through a file, PermissionError for a read-only folder, OSError(ENOSPC) when
+    the disk has not enough free space for the whole save. The finished folder holds the
+    marker ``safe_files.SAVE_MARKER`` listing its files (what a later overwrite may replace).
     """
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
@@ -165,6 +159,7 @@ def save_sharded(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike,
         raise ValueError(f"filename_pattern {filename_pattern!r} must contain '{{suffix}}' and end in '.safetensors'")
     if not state_dict:
         raise ValueError("nothing to save: the state dict is empty")
+    safe_files.check_destination(folder, 0, "name")  # path length, a file in the way, permission
     if folder.exists() and not overwrite:
         raise FileExistsError(f"{folder} already exists; choose another name or enable overwrite to replace it")
     old_files = previous_save(folder, filename_pattern) if folder.exists() else None
@@ -186,29 +181,50 @@ def save_sharded(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike,
             raise FileExistsError(f"{folder} holds {clash[0]!r}, which the new save would write but its index does "
                                   "not name; move it away or choose another name")
 
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    total = int(split.metadata.get("total_size", sum(t.nbytes for t in sd.values())))
+    safe_files.check_destination(folder, total, "name")  # free space for the whole save
     tmp = partial_folder(folder)
-    tmp.mkdir()
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise type(e)(e.errno, f"name: cannot create {folder.name!r} in {folder.parent}: {e.strerror} (is the folder "
+                      "read-only, or on a read-only disk?): choose another place or make it writable") from None
     try:
         leftovers.track(tmp)  # removed at the next start if this process is killed
         for i, fname in enumerate(files):
             shard = {k: sd[k].to("cpu").contiguous() for k in file_to_tensors[fname]}
-            save_file(shard, str(tmp / fname), metadata={"format": "pt", **metadata})
+            _write(folder, fname, save_file, shard, str(tmp / fname), metadata={"format": "pt", **metadata})
             del shard
             if progress is not None:
                 progress(i + 1, len(files))
         index = {"metadata": {**split.metadata, **metadata}, "weight_map": tensor_to_filename}
-        (tmp / index_name).write_text(json.dumps(index, indent=2))
+        _write(folder, index_name, (tmp / index_name).write_text, json.dumps(index, indent=2))
+        _write(folder, safe_files.SAVE_MARKER, safe_files.write_marker, tmp, files + [index_name])
         if old_files is None:
             _new_folder(tmp, folder)
         else:
-            _replace_files(tmp, folder, old_files, files + [index_name])
+            _replace_files(tmp, folder, old_files, files + [index_name, safe_files.SAVE_MARKER])
     except BaseException:
         leftovers.remove_folder(tmp)
         raise
-    total = int(split.metadata.get("total_size", sum(t.nbytes for t in sd.values())))
     return {"folder": str(folder), "index": str(folder / index_name), "files": files, "shards": len(files),
             "tensors": len(tensor_to_filename), "total_bytes": total}
+
+
+def _write(folder: Path, fname: str, write, *args, **kwargs) -> None:
+    """``write(*args, **kwargs)`` (writing ``fname`` for ``folder``); an OSError or
+    SafetensorError (a full disk, an I/O error) becomes an OSError naming the file and the
+    destination."""
+    from safetensors import SafetensorError
+    try:
+        write(*args, **kwargs)
+    except (OSError, SafetensorError) as e:
+        free = shutil.disk_usage(folder.parent).free if folder.parent.exists() else 0
+        msg = (f"could not write {fname} for {folder}: {e} ({free / 2**30:.2f} GiB free on that disk; nothing was "
+               "kept): free some space or save elsewhere")
+        errno_ = getattr(e, "errno", None)
+        raise (OSError(errno_, msg) if errno_ else OSError(msg)) from e
 
 
 def _new_folder(tmp: Path, folder: Path) -> None:

@@ -5,6 +5,7 @@ from .device_map import BalancedDeviceMap
 from .free_memory import FreeMemory
 from .fp8 import Fp8LayerwiseCast
 from .group_offload import GroupOffload, GroupOffloadLoader
+from .memory_plan import MemoryPlan
 from .report import MemoryReport
 from .sharded import SaveSharded, ShardedCheckpointLoader, ShardedTextEncoderLoader
 from .tiled_vae import TiledVAEDecode, TiledVAEEncode
@@ -16,5 +17,5 @@ class MemoryKitExtension(ComfyExtension):
     """Registers every MemoryKit node with ComfyUI."""
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [MemoryReport, FreeMemory, ShardedCheckpointLoader, ShardedTextEncoderLoader, SaveSharded,
+        return [MemoryPlan, MemoryReport, FreeMemory, ShardedCheckpointLoader, ShardedTextEncoderLoader, SaveSharded,
                 Fp8LayerwiseCast, GroupOffload, GroupOffloadLoader, BalancedDeviceMap, TiledVAEDecode, TiledVAEEncode]

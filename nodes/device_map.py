@@ -34,7 +34,7 @@ class BalancedDeviceMap(io.ComfyNode):
                                 "activations."),
                 io.String.Input("offload_folder", default="",
                                 tooltip="Folder for weights mapped to 'disk' (a fresh subfolder is made per load and "
-                                "deleted on unload). Empty = ComfyUI's temp folder."),
+                                "deleted on unload). Empty = user/__memorykit/offload in ComfyUI's folder."),
                 io.String.Input("custom_device_map", default="", multiline=True,
                                 tooltip="Optional full device map as JSON, module name → device, e.g. "
                                 "{\"img_in\": \"cuda:0\", \"double_blocks\": \"cuda:0\", \"single_blocks\": "

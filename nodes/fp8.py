@@ -41,15 +41,28 @@ class Fp8LayerwiseCast(io.ComfyNode):
                                "weight_dtype). per-tensor: one scale per layer. per-output-channel: one per "
                                "output row (best for weights with outlier channels)."),
                 io.Combo.Input("skip_preset", options=list(fp8.PRESETS), default="auto",
-                               tooltip="Layers kept in high precision, by architecture (SD/SDXL UNet, Flux, "
-                               "HunyuanVideo, Wan, SD3, Qwen-Image, LTXV, Lumina; generic names otherwise). "
-                               "auto: norms, embeddings, modulation, in/out projections. auto_fp8_modulation: "
-                               "same but modulation in float8 too (Flux: ~0.51x instead of ~0.64x bf16 "
-                               "weight memory). none: cast every Linear/Conv."),
+                               tooltip="Layers kept in high precision, by architecture (recognised by its module "
+                               "names: SD/SDXL UNet, Flux/Chroma/HunyuanVideo, Wan, SD3, AuraFlow, Qwen-Image, LTXV, "
+                               "Lumina; generic names otherwise). auto: norms, embeddings, in/out projections and the "
+                               "modulation outside the blocks; the blocks' own modulation goes to float8 (~0.51x bf16 "
+                               "weight memory on Flux, SD3.5, Qwen-Image, HunyuanVideo). auto_keep_block_modulation: "
+                               "the blocks' modulation kept too (~0.64-0.71x). auto_fp8_modulation: no modulation "
+                               "kept. none: cast every Linear/Conv."),
                 io.String.Input("extra_skip_patterns", default="", multiline=True,
                                 tooltip="More layers to keep: Python regular expressions searched in ComfyUI's "
-                                "module names (one per line or comma-separated), e.g. 'double_blocks\\.0\\.' "
-                                "or 'attn.*\\.proj$'. Lines starting with # are ignored."),
+                                "module names, e.g. 'double_blocks\\.0\\.' or 'attn.*\\.proj$'. One per line, or "
+                                "several on a line separated by commas outside (), [] and {} ('blocks\\.{0,1}0' "
+                                "stays whole; '\\,' is a literal comma). Lines starting with # are ignored. "
+                                "Matched in linear time, so backreferences, lookarounds, \\b and inline flags "
+                                "are refused."),
+                io.Combo.Input("lora_mode", options=list(comfy_integration.FP8_LORA_MODES), default="unmerged", optional=True,
+                               tooltip="How a LoRA (before or after this node) reaches the float8 weights. "
+                               "unmerged: the LoRA delta is added per forward in the compute dtype to the "
+                               "dequantised weight (output error stays FP8's own; costs one rank-r matmul and "
+                               "one weight-sized temporary per patched layer per step, and turns off float8 "
+                               "matmul on those layers). merged: the LoRA is merged into the weight and "
+                               "re-quantised once at load (no per-step cost; the error grows with the merged "
+                               "weight, several times FP8's own for a strong LoRA)."),
             ],
             outputs=[io.Model.Output(display_name="MODEL", tooltip="The model with float8 weight storage.")],
         )
@@ -57,9 +70,9 @@ class Fp8LayerwiseCast(io.ComfyNode):
     @classmethod
     def execute(cls, model, storage_dtype: str = "float8_e4m3fn", compute_dtype: str = "auto",
                 fp8_matmul: bool = False, scaling: str = "per-tensor", skip_preset: str = "auto",
-                extra_skip_patterns: str = "") -> io.NodeOutput:
+                extra_skip_patterns: str = "", lora_mode: str = "unmerged") -> io.NodeOutput:
         out, info = comfy_integration.fp8_layerwise_cast(model, storage_dtype, compute_dtype, scaling,
-                                                         skip_preset, extra_skip_patterns, fp8_matmul)
+                                                         skip_preset, extra_skip_patterns, fp8_matmul, lora_mode)
         rep = report.build_report("FP8 Layerwise Cast", comfy_integration.loaded_models())
         rep["fp8"] = info
         return io.NodeOutput(out, ui={"memorykit_report": [badge.with_badge(rep)], "text": [comfy_integration.format_fp8_info(info)]})

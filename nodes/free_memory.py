@@ -18,10 +18,12 @@ class FreeMemory(PassthroughNode):
                 "emptying the device caches, through ComfyUI's own unloading (the 'del model; "
                 "torch.cuda.empty_cache()' habit, done safely). Chain it between two stages, e.g. "
                 "KSampler → Free Memory → VAE Decode, so the next stage starts with free VRAM. "
-                "Models are reloaded by the nodes that need them later. Runs on every queue."
+                "Models are reloaded by the nodes that need them later. Runs on every queue, also at the "
+                "end of a graph with nothing connected to its output (it is an output node)."
             ),
             search_aliases=["unload models", "empty cache", "free vram", "clear vram", "purge", "gc",
                             "lowvram", "memory"],
+            is_output_node=True,  # runs (and shows its badge) also as the last node of a graph
             inputs=[
                 io.AnyType.Input("value", tooltip="Any output (LATENT, IMAGE, MODEL, ...). Passed through "
                                  "unchanged; memory is freed once it has been computed."),

@@ -6,7 +6,7 @@ from comfy_api.latest import io
 
 import folder_paths
 
-from ..memorykit import comfy_integration
+from ..memorykit import comfy_integration, validation
 from ..memorykit.offload_plan import SCHEDULERS, GroupOffloadOptions
 
 DESCRIPTION = (
@@ -44,11 +44,11 @@ def _offload_inputs() -> list:
                          tooltip="Do not page-lock the offloaded weights (no locked RAM; copies from pageable "
                                  "memory are slower and do not overlap compute)."),
         io.Combo.Input("offload_to", options=["cpu", "disk"], default="cpu",
-                       tooltip="Where offloaded weights wait: cpu = RAM; disk = safetensors files in disk_folder "
-                               "(for low RAM), deleted when the model is unloaded."),
+                       tooltip="Where offloaded weights wait: cpu = RAM; disk = a file in disk_folder (for low "
+                               "RAM), freed when the model is unloaded."),
         io.String.Input("disk_folder", default="",
                         tooltip="Folder for offload files (offload_to=disk). Must exist and be writable; a "
-                                "fast SSD is best. Empty = ComfyUI's temp folder."),
+                                "fast SSD is best. Empty = user/__memorykit/offload in ComfyUI's folder."),
         io.Combo.Input("scheduler", options=list(SCHEDULERS), default="memorykit", optional=True,
                        tooltip="Who streams from CPU RAM. memorykit: prefetch into a fixed VRAM ring ordered by "
                                "CUDA events (the host never waits; any num_blocks_per_group). diffusers: its "
@@ -65,6 +65,7 @@ def _settings(node_id, offload_type, num_blocks_per_group, vram_budget_gb, use_s
                                   low_cpu_mem_usage=low_cpu_mem_usage, offload_to=offload_to,
                                   scheduler=scheduler or "memorykit")
     options.validate()
+    vram_budget_gb = validation.finite_number(vram_budget_gb, "vram_budget_gb", 0.0, 1024.0)
     return comfy_integration.GroupOffloadSettings(options=options, vram_budget_bytes=int(vram_budget_gb * 2**30),
                                                   disk_folder=disk_folder.strip(),
                                                   node_id=None if node_id is None else str(node_id))

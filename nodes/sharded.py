@@ -82,8 +82,9 @@ class SaveSharded(io.ComfyNode):
             description=(
                 "Saves a MODEL's diffusion-model weights (ComfyUI key names, LoRA and other patches merged, as "
                 "ComfyUI's ModelSave saves them) into models/diffusion_models/<name>/ as safetensors shards plus "
-                "model.safetensors.index.json, named as huggingface_hub names them. Written to a temporary folder "
-                "and renamed at the end, so a failed or interrupted save leaves nothing behind. Load the result "
+                "model.safetensors.index.json, named as huggingface_hub names them. Free space is checked first; "
+                "written to a temporary folder and renamed at the end, so a failed or interrupted save leaves "
+                "nothing behind. Load the result "
                 "with Sharded Checkpoint Loader."),
             is_output_node=True,
             inputs=[
@@ -95,10 +96,11 @@ class SaveSharded(io.ComfyNode):
                                 tooltip="Largest shard, in huggingface_hub's units: KB, MB, GB, TB (powers of 10; "
                                         "'5GB' = 5·10⁹ bytes). A single tensor larger than this gets its own shard."),
                 io.Boolean.Input("overwrite", default=False,
-                                 tooltip="Replace a model an earlier Save Sharded wrote into this folder: only its "
-                                         "index and the shards it names are replaced (after the new ones are "
-                                         "complete); other files stay. A folder holding anything else is refused. "
-                                         "Off: an existing folder is an error."),
+                                 tooltip="Replace a model an earlier Save Sharded wrote into this folder, recognised "
+                                         "by the marker file it writes (.memorykit-save.json), never by file names: "
+                                         "only the files that marker lists are replaced (after the new ones are "
+                                         "complete); other files stay. A folder without the marker (e.g. a "
+                                         "huggingface_hub checkpoint) is refused. Off: an existing folder is an error."),
             ],
             outputs=[],
         )

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..memorykit import badge, comfy_integration, memory, report, tiled_vae
+from ..memorykit import badge, comfy_integration, memory, report, tiled_vae, validation
 
 
 def _tiling_inputs() -> list:
@@ -17,7 +17,8 @@ def _tiling_inputs() -> list:
                              "placed in the middle of the overlap and cross-faded over a quarter of it; the rest "
                              "is context that hides the tiles' borders. Larger = fewer visible seams, more work."),
         io.Int.Input("temporal_size", default=64, min=1, max=4096, step=1,
-                     tooltip="Video VAEs only: frames per temporal tile. Ignored by VAEs that decode time causally "
+                     tooltip="Video VAEs only: frames per temporal tile (not used, nor checked, for image VAEs). "
+                             "Ignored by VAEs that decode time causally "
                              "with a feature cache (Wan 2.1/2.2): they already run one latent frame at a time with "
                              "the cache carried over, so time is never cut and stays exact."),
         io.Int.Input("temporal_overlap", default=8, min=0, max=4096, step=1,
@@ -38,6 +39,7 @@ def _tiling_inputs() -> list:
 
 
 def _options(kw: dict) -> comfy_integration.TiledVAEOptions:
+    kw = dict(kw, memory_budget_gb=validation.finite_number(kw["memory_budget_gb"], "memory_budget_gb", 0.0, 4096.0))
     return comfy_integration.TiledVAEOptions(
         tile_px=kw["tile_size"], overlap_px=kw["overlap"], temporal_size=kw["temporal_size"],
         temporal_overlap=kw["temporal_overlap"], memory_budget_gb=kw["memory_budget_gb"],
@@ -72,8 +74,10 @@ class TiledVAEDecode(io.ComfyNode):
 
     @classmethod
     def execute(cls, samples, vae, **kw) -> io.NodeOutput:
+        opts = _options(kw)
+        validation.nonempty_batch(samples["samples"].shape, "samples", "LATENT")
         images, ui = _with_report("Tiled VAE Decode", lambda: comfy_integration.tiled_vae_decode(
-            vae, samples["samples"], _options(kw)))
+            vae, samples["samples"], opts))
         return io.NodeOutput(images, ui=ui)
 
 
@@ -95,6 +99,8 @@ class TiledVAEEncode(io.ComfyNode):
 
     @classmethod
     def execute(cls, pixels, vae, **kw) -> io.NodeOutput:
+        opts = _options(kw)
+        validation.nonempty_batch(pixels.shape, "pixels", "IMAGE")
         latent, ui = _with_report("Tiled VAE Encode", lambda: comfy_integration.tiled_vae_encode(
-            vae, pixels, _options(kw)))
+            vae, pixels, opts))
         return io.NodeOutput({"samples": latent}, ui=ui)

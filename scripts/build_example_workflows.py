@@ -214,6 +214,37 @@ def wan22_two_experts() -> dict:
     return p
 
 
+
+def _memory_plan(model, vae, latent, plan_for="this machine", vram_gb=12.0, ram_gb=32.0, width=1024,
+                 height=1024, frames=81) -> dict:
+    return {"class_type": "MemoryKitMemoryPlan", "inputs": {
+        "model": model, "plan_for": plan_for, "allow_fp8": True, "prefer": "speed", "vram_gb": vram_gb,
+        "ram_gb": ram_gb, "disk_gb": 100.0, "width": width, "height": height, "frames": frames,
+        **({"vae": vae} if vae else {}), "latent": latent}}
+
+
+def memory_plan_sd15() -> dict:
+    """SD1.5 text-to-image at 256², 4 steps, the UNet and the VAE through Memory Plan (this
+    machine): the plan picks fp8/offload for the UNet and the VAE's tiles; VAE Decode uses them."""
+    p = sd15_txt2img()
+    p["10"] = _memory_plan(["1", 0], ["1", 2], ["4", 0])
+    p["5"]["inputs"]["model"] = ["10", 0]
+    p["7"]["inputs"]["vae"] = ["10", 1]
+    p["9"]["inputs"]["filename_prefix"] = "MemoryKit/memory_plan_sd15"
+    return p
+
+
+def memory_plan_wan22() -> dict:
+    """Wan 2.2's two 14B experts, each through Memory Plan for a machine with 16 GB VRAM and 32 GB RAM
+    (given figures): 32 GB holds the 6.7 GB text encoder and not both 14 GB experts, so each plan
+    gets 12 GiB of RAM and streams its expert from disk; the VAE decodes in the planned tiles."""
+    p = wan22_two_experts()
+    p["3"] = _memory_plan(["1", 0], None, ["8", 0], "given figures", 16.0, 12.0, 832, 480, 81)
+    p["4"] = _memory_plan(["2", 0], ["12", 0], ["8", 0], "given figures", 16.0, 12.0, 832, 480, 81)
+    p["13"]["inputs"]["vae"] = ["4", 1]
+    p["14"]["inputs"]["filename_prefix"] = "MemoryKit/memory_plan_wan22"
+    return p
+
 # Download locations of the real model files the workflows name (properties.models, as core's templates).
 MODEL_URLS = {
     SD15_CKPT: ("https://huggingface.co/Comfy-Org/stable-diffusion-v1-5-archive/resolve/main/"
@@ -258,6 +289,8 @@ WORKFLOWS = {
     "tiled_vae_sd15": tiled_vae_sd15,
     "tiled_vae_wan21_t2v": tiled_vae_wan21_t2v,
     "wan22_two_experts_on_32gb_ram": wan22_two_experts,
+    "memory_plan_sd15_12gb": memory_plan_sd15,
+    "memory_plan_wan22_16gb_vram_32gb_ram": memory_plan_wan22,
 }
 
 
@@ -291,6 +324,16 @@ NOTES = {
                                      "models each through Group Offload to disk, so neither has to fit in RAM or "
                                      "VRAM whole; two KSampler (Advanced) passes split the steps. Download the "
                                      "models listed in the loaders' properties.",
+    "memory_plan_sd15_12gb": "Memory Plan: the techniques chosen for this machine and this model (fp8, Group "
+                             "Offload budget, RAM or disk, VAE tiles), applied, and why (the node's text: a table of "
+                             "candidates with predicted VRAM, RAM and seconds per step). On a 12 GB card an SD1.5 "
+                             "UNet stays resident; swap in SDXL or Flux and it plans for them. The VAE goes through "
+                             "it so VAE Decode uses the planned tiles.",
+    "memory_plan_wan22_16gb_vram_32gb_ram": "Memory Plan for Wan 2.2's two 14B experts on 16 GB VRAM / 32 GB RAM "
+                                            "(given figures): RAM holds the 6.7 GB text encoder but not both 14 GB "
+                                            "experts, so each plan gets 12 GiB of RAM; at 81 frames, 832x480 each "
+                                            "expert then streams from disk. Set plan_for = this machine to measure yours; use 81 frames at "
+                                            "832x480 and 20 steps with the real models.",
     "tiled_vae_wan21_t2v": "Tiled VAE Decode on Wan 2.1 video: tiles in space, time kept whole (causal cache). "
                            "The badge shows the tile grid and the peak memory.",
 }

@@ -30,6 +30,9 @@ CASES = {
                                                         "weight_bytes_after": int(0.036 * 2**30) + 1,
                                                         "cast_layers": 1, "kept_layers": []}},
                 ["98.3 → 36.9 MiB (−62 %)", "1 layers fp8", "0 kept"]),
+    "fp8_core": (rep(fp8={"weight_bytes_before": 103_165_776, "weight_bytes_after": 38_285_136, "cast_layers": 60,
+                          "core_layers": 40, "kept_layers": []}),
+                 ["98.4 → 36.5 MiB (−63 %)", "60 layers fp8 (core)", "0 kept"]),
     "group_offload_planned": (rep(group_offload={
         "status": "planned (applied when sampling loads the model)", "options": {"offload_to": "disk"},
         "plan": {"resident_bytes": 0, "streamed_bytes": 103_157_776, "footprint_bytes": 13_529_600}}),

@@ -278,4 +278,4 @@ def test_full_offload_folder_is_an_error_and_leaves_nothing(comfy, wan, tmp_path
         assert os.listdir(mnt) == []
         assert_restored(module, snap)
         with pytest.raises(OSError):  # the writer itself: ENOSPC is an error
-            device_dispatch._write_offload_files(str(mnt), module.state_dict())
+            device_dispatch._pack_to_disk(str(mnt), module.state_dict())

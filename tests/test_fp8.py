@@ -66,10 +66,10 @@ def _meta_model(kind: str) -> torch.nn.Module:
 @pytest.mark.parametrize("kind, family, kept, cast_", [
     ("flux", "flux",
      ["img_in", "txt_in", "time_in.in_layer", "vector_in.out_layer", "guidance_in.in_layer",
-      "double_blocks.0.img_mod.lin", "double_blocks.0.txt_mod.lin", "single_blocks.0.modulation.lin",
       "final_layer.linear", "final_layer.adaLN_modulation.1"],
      ["double_blocks.0.img_attn.qkv", "double_blocks.0.txt_mlp.2", "single_blocks.0.linear1",
-      "single_blocks.0.linear2"]),
+      "single_blocks.0.linear2", "double_blocks.0.img_mod.lin", "double_blocks.0.txt_mod.lin",
+      "single_blocks.0.modulation.lin"]),
     ("wan", "wan",
      ["patch_embedding", "text_embedding.0", "time_embedding.2", "time_projection.1", "head.head"],
      ["blocks.0.self_attn.q", "blocks.0.cross_attn.o", "blocks.0.ffn.0"]),
@@ -84,10 +84,13 @@ def test_default_skips_per_family(comfy, fp8, kind, family, kept, cast_):
     plan = fp8.plan_layers(m, fp8.default_skip_patterns(family))
     assert set(kept) <= set(plan.kept), set(kept) - set(plan.kept)
     assert set(cast_) <= set(plan.cast), set(cast_) - set(plan.cast)
+    keep = fp8.plan_layers(m, fp8.default_skip_patterns(family, "auto_keep_block_modulation"))
     lean = fp8.plan_layers(m, fp8.default_skip_patterns(family, "auto_fp8_modulation"))
-    modulation = {k for k, why in plan.kept.items() if "(modulation)" in why}
-    assert modulation & set(lean.cast)  # block modulation goes to float8 (final_layer's stays: out projection)
+    block_mod = {k for k, why in keep.kept.items() if "(modulation)" in why} - set(plan.kept)
+    assert block_mod == ({"double_blocks.0.img_mod.lin", "double_blocks.0.txt_mod.lin",
+                          "single_blocks.0.modulation.lin"} if family == "flux" else set()), block_mod
     assert not any("(modulation)" in why for why in lean.kept.values())
+    assert set(plan.cast) <= set(lean.cast)
     assert set(fp8.plan_layers(m, []).cast) == set(plan.cast) | set(plan.kept)
 
 

@@ -1,7 +1,7 @@
 """FP8 Layerwise Cast and Group Offload compose, in either order (issue 4 / issue 3).
 
 Through a real ComfyUI server on the CPU: fp8 → Group Offload (disk target) and Group Offload →
-fp8 each give latents bit-identical to the fp8 model without offload; the offload files hold
+fp8 each give latents bit-identical to the fp8 model without offload; the disk store holds
 the fp8 bytes (float8 storage is what is kept on disk and streamed)."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import os
 
 import torch
 
-from test_group_offload_server import go, latents, offload_dirs, wan_prompt, wait_until
+from harness.ws import WsListener
+from test_group_offload_server import go, latents, wan_prompt, wait_until
 
 FP8 = {"storage_dtype": "float8_e4m3fn", "compute_dtype": "auto", "fp8_matmul": False, "scaling": "per-tensor",
        "skip_preset": "auto", "extra_skip_patterns": ""}
@@ -38,40 +39,35 @@ def test_fp8_and_group_offload_compose_in_either_order(server, tmp_path, fixture
     assert err < 0.2, err
 
 
-def _offload_file_tensors(folder):
-    """(dtype → element count, total bytes) of every tensor in a model's offload files."""
-    from safetensors import safe_open
-    counts, total = {}, 0
-    (d,) = offload_dirs(folder)
-    for f in (folder / d).iterdir():
-        if f.suffix != ".safetensors":
-            continue
-        with safe_open(str(f), framework="pt") as sf:
-            for k in sf.keys():
-                t = sf.get_tensor(k)
-                counts[t.dtype] = counts.get(t.dtype, 0) + t.numel()
-                total += t.numel() * t.element_size()
-    return counts, total
+def _streamed_bytes(ws, node: str) -> int:
+    """Bytes the applied offload streams from disk (the run report Group Offload sends after
+    sampling): the disk store holds exactly these tensors, in a file that has no name."""
+    run = ws.wait_for(lambda m: m.get("type") == "executed" and m["data"].get("node") == node
+                      and m["data"]["output"]["memorykit_report"][0]["group_offload"]["status"] == "applied")
+    fig = run["data"]["output"]["memorykit_report"][0]["group_offload"]["figures"]
+    assert fig["disk_bytes"] >= fig["streamed_bytes"] > 0
+    return fig["streamed_bytes"]
 
 
 def test_offload_files_hold_fp8_bytes(server, tmp_path, fixture_models):
-    """While an fp8 → Group Offload model is loaded, its disk files (what is kept off the
-    device and streamed) hold the cast layers in float8: 1 byte per parameter, 3 bytes per
-    parameter fewer than the plain fp32 model's files."""
-    found = {}
+    """While an fp8 → Group Offload model is loaded, what it keeps on disk and streams holds the
+    cast layers in float8: 1 byte per parameter, 3 bytes per parameter fewer than the plain fp32
+    model's."""
+    streamed, cast_params = {}, 0
     for name in ("plain", "fp8"):
         folder = tmp_path / name
         folder.mkdir()
         extra = {"f8": fp8(["1", 0])} if name == "fp8" else {}
         model = go(["f8", 0] if name == "fp8" else ["1", 0], folder)
-        res = server.run(wan_prompt({name: model}, steps=1, extra=extra))
-        assert res.status == "success", res.error
-        found[name] = _offload_file_tensors(folder)
+        with WsListener(server) as ws:
+            res = server.run(wan_prompt({name: model}, steps=1, extra=extra))
+            assert res.status == "success", res.error
+            streamed[name] = _streamed_bytes(ws, f"m_{name}")
+        if name == "fp8":
+            cast_params = res.outputs["f8"]["memorykit_report"][0]["fp8"]["cast_params"]
         server.free(unload_models=True)
         assert wait_until(lambda: os.listdir(folder) == [], timeout=60), os.listdir(folder)
-    (plain_counts, plain_bytes), (fp8_counts, fp8_bytes) = found["plain"], found["fp8"]
-    n_fp8 = fp8_counts.get(torch.float8_e4m3fn, 0)
-    assert torch.float8_e4m3fn not in plain_counts and n_fp8 > 0, fp8_counts
+    assert cast_params > 0
     # Per-tensor scales add a few fp32 scalars; everything else is the same tensors.
-    saved = plain_bytes - fp8_bytes
-    assert abs(saved - 3 * n_fp8) <= 4 * 256, (saved, n_fp8)
+    saved = streamed["plain"] - streamed["fp8"]
+    assert abs(saved - 3 * cast_params) <= 4 * 256, (saved, cast_params)

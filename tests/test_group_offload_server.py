@@ -133,11 +133,19 @@ def _rss(pid) -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
 
+RUNS = 5  # one warm-up, then four measured: a leak of one descriptor per run shows as +3
+
+
 def test_same_prompt_twice_is_identical_without_growth(server, wan_plain, folder):
+    """The same prompt run RUNS times (node cache dropped in between, so everything is redone)
+    gives the same latents and leaves no growing process behind. A trend over the runs after
+    the first (which warms caches up), not one step: a busy machine can hold one extra
+    descriptor for a moment (issue 23, item 15: 8 after the third run vs 7 after the second,
+    while 30-run loops show no growth), a leak grows with every run."""
     prompt = wan_prompt({"offload": go(["1", 0], folder)})
     temp = server.base / "temp"
-    seen = []
-    for _ in range(3):  # the first run warms caches up; runs 2 and 3 must leave the same process behind
+    seen, fds, rss = [], [], []
+    for _ in range(RUNS):
         res = server.run(prompt)
         got = latents(server, res)["offload"]
         assert torch.equal(got, wan_plain)
@@ -145,13 +153,14 @@ def test_same_prompt_twice_is_identical_without_growth(server, wan_plain, folder
         server.free(unload_models=True, free_memory=True)  # unload + drop the cache: the next run redoes everything
         assert wait_until(lambda: offload_dirs(folder) == []), os.listdir(folder)
         time.sleep(0.5)
-        state = (_fds(server.pid), sorted(os.listdir(temp)), _rss(server.pid))
-        if len(seen) == 2:
-            after_second = state
-    assert len(set(seen)) == 3, "a run was served from the cache, so nothing was re-executed"
-    fds, temp_files, rss = state
-    assert fds <= after_second[0] and temp_files == after_second[1] == []
-    assert rss < after_second[2] + 64 * 2**20, f"RSS grew {(rss - after_second[2]) / 2**20:.0f} MiB between runs"
+        assert sorted(os.listdir(temp)) == []
+        fds.append(_fds(server.pid))
+        rss.append(_rss(server.pid))
+    assert len(set(seen)) == RUNS, "a run was served from the cache, so nothing was re-executed"
+    fds, rss = fds[1:], rss[1:]  # after the warm-up
+    # A leak of one per run ends 3 above the lowest; one transient descriptor is tolerated.
+    assert fds[-1] <= min(fds) + 1, f"file descriptors grow run after run: {fds}"
+    assert rss[-1] < min(rss) + 64 * 2**20, f"RSS grew {(rss[-1] - min(rss)) / 2**20:.0f} MiB over {len(rss)} runs: {rss}"
 
 
 def test_interrupt_mid_sampling_then_rerun_is_correct(server, wan_plain, folder):
@@ -172,7 +181,7 @@ def test_disk_files_live_while_loaded_and_go_on_unload(server, wan_plain, folder
     assert torch.equal(latents(server, server.run(wan_prompt({"offload": go(["1", 0], folder)})))["offload"], wan_plain)
     dirs = offload_dirs(folder)
     assert len(dirs) == 1 and dirs[0].startswith("memorykit-offload-WAN21-")
-    assert any(n.endswith(".safetensors") for n in os.listdir(folder / dirs[0]))
+    assert os.listdir(folder / dirs[0]) == [".memorykit-owner.json"]  # the weights' file has no name
     server.free(unload_models=True, wait=True)
     assert os.listdir(folder) == []
 

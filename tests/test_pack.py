@@ -13,7 +13,7 @@ from harness import paths
 EXPECTED_NODES = {"MemoryKitMemoryReport", "MemoryKitFreeMemory", "MemoryKitBalancedDeviceMap",
                   "MemoryKitShardedCheckpointLoader", "MemoryKitShardedTextEncoderLoader", "MemoryKitSaveSharded",
                   "MemoryKitFp8LayerwiseCast", "MemoryKitGroupOffload", "MemoryKitGroupOffloadLoader",
-                  "MemoryKitTiledVAEDecode", "MemoryKitTiledVAEEncode"}
+                  "MemoryKitTiledVAEDecode", "MemoryKitTiledVAEEncode", "MemoryKitMemoryPlan"}
 
 
 def pack_node_ids(object_info: dict) -> set[str]:

@@ -301,7 +301,10 @@ def test_save_writes_huggingface_layout_and_round_trips(tmp_path):
                                      progress=lambda d, t: calls.append((d, t)))
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
     n = info["shards"]
-    assert n >= 3 and files == sorted([INDEX] + [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)])
+    shards = [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    assert n >= 3 and files == sorted([INDEX, ".memorykit-save.json"] + shards)
+    marker = json.loads((tmp_path / "out" / ".memorykit-save.json").read_text())
+    assert marker["files"] == sorted([INDEX] + shards)  # what a later overwrite may replace
     assert calls == [(i, n) for i in range(1, n + 1)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folder left
     index = _index(tmp_path / "out")

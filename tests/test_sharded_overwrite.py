@@ -41,13 +41,14 @@ def test_overwrite_keeps_the_users_other_files(server, user_folder):
     (folder / "other").mkdir()
     (folder / "other" / "data.bin").write_bytes(b"\x00" * 10)
     shutil.copytree(folder, folder / "variant_b", ignore=shutil.ignore_patterns("README.txt", "other", "variant_b"))
-    keep = {k: v for k, v in _tree(folder).items() if not k.startswith("model")}
+    ours = ("model", ".memorykit-save.json")  # what the save wrote (its marker lists the rest)
+    keep = {k: v for k, v in _tree(folder).items() if not k.startswith(ours)}
     assert "variant_b/model.safetensors.index.json" in keep
 
     res = server.run(_save(user_folder, "1GB", True))
     assert res.status == "success", res.error
     after = _tree(folder)
-    assert {k: v for k, v in after.items() if not k.startswith("model")} == keep  # nothing else touched
+    assert {k: v for k, v in after.items() if not k.startswith(ours)} == keep  # nothing else touched
     assert sorted(k for k in after if k.startswith("model")) == ["model-00001-of-00001.safetensors",
                                                                  "model.safetensors.index.json"]
     assert not list(root.glob(f".{user_folder}.*")), "temporary folders left behind"

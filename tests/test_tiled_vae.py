@@ -152,7 +152,7 @@ def test_batch_is_sliced_one_item_at_a_time(sd_vae, ci):
 
 @pytest.mark.parametrize("case", ["channels", "video_latent_to_image_vae", "image_latent_to_video_vae",
                                   "zero_tile", "negative_tile", "overlap_eq_tile", "overlap_gt_tile",
-                                  "temporal_overlap", "image_too_small", "tiny_budget"])
+                                  "image_too_small", "tiny_budget"])
 def test_bad_input_is_refused_before_decoding(sd_vae, wan_vae, ci, case):
     calls = []
     hooks = [m.register_forward_pre_hook(lambda m, a: calls.append(tuple(a[0].shape[-2:])))
@@ -167,8 +167,8 @@ def test_bad_input_is_refused_before_decoding(sd_vae, wan_vae, ci, case):
         "negative_tile": (lambda: ci.tiled_vae_encode(sd_vae, torch.rand(1, 64, 64, 3), opts(ci, -64, 16)), "tile_size"),
         "overlap_eq_tile": (lambda: ci.tiled_vae_decode(sd_vae, z, opts(ci, 64, 64)), "overlap"),
         "overlap_gt_tile": (lambda: ci.tiled_vae_encode(sd_vae, torch.rand(1, 64, 64, 3), opts(ci, 64, 96)), "overlap"),
-        "temporal_overlap": (lambda: ci.tiled_vae_decode(wan_vae, torch.randn(1, 16, 2, 8, 8),
-                                                         opts(ci, 64, 16, temporal_size=8, temporal_overlap=8)), "temporal_overlap"),
+        # temporal_overlap >= temporal_size is refused only where time is cut; Wan's VAE ignores both
+        # (issue 23 item 13: tests/test_hostile_inputs.py::test_item13_*).
         "image_too_small": (lambda: ci.tiled_vae_encode(sd_vae, torch.rand(1, 4, 64, 3), opts(ci, 64, 16)), "smaller than one latent"),
         "tiny_budget": (lambda: ci.tiled_vae_decode(sd_vae, torch.randn(1, 4, 24, 20), opts(ci, 64, 16, memory_budget_gb=0.001)),
                         "memory budget"),

@@ -119,16 +119,6 @@ def _loaded_forward(arch: Arch, patcher) -> torch.Tensor:
         mm.unload_all_models()
 
 
-def _xfail_disk_leaf(request, arch: Arch, offload_type: str) -> None:
-    """Disk leaf_level reads the placeholders of weights a block reads without calling their
-    module: the q/k norms of Z-Image, Lumina 2 and Cosmos Predict2 on ComfyUI 0.33 (its fused
-    RoPE kernel; 0.3.75 calls the norms). Fixed on branch lost-place."""
-    reads = zoo.reads_outside_forward(arch.base, arch.name) if offload_type == "leaf_level" else []
-    if any(r.endswith(("q_norm.weight", "k_norm.weight")) for r in reads):
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="disk leaf-level reads placeholders; fixed on branch lost-place"))
-
-
 @pytest.mark.parametrize("offload_type", ["block_level", "leaf_level"])
 def test_event_ring_is_bit_exact(arch, offload_type):
     from comfyui_memorykit.memorykit import comfy_integration as ci
@@ -148,10 +138,9 @@ def test_event_ring_is_bit_exact(arch, offload_type):
 
 
 @pytest.mark.parametrize("offload_type", ["block_level", "leaf_level"])
-def test_disk_offload_is_bit_exact(request, arch, offload_type, tmp_path):
+def test_disk_offload_is_bit_exact(arch, offload_type, tmp_path):
     from comfyui_memorykit.memorykit import comfy_integration as ci
     from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
-    _xfail_disk_leaf(request, arch, offload_type)
     settings = ci.GroupOffloadSettings(GroupOffloadOptions(offload_type=offload_type, offload_to="disk"),
                                        disk_folder=str(tmp_path))
     n, _ = ci.prepare_group_offload(arch.patcher, settings)

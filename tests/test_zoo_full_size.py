@@ -1,5 +1,5 @@
 """Full-size planning check on the meta device (no memory): for every published configuration
-in ``harness.meta_models.FULL_SIZE``, the block lists Group Offload streams
+in ``harness.meta_models.PLANNING``, the block lists Group Offload streams
 (``comfy_block_lists``) and the blocks Balanced Device Map keeps whole hold ≥ 95 % of the
 weights, so neither technique leaves most of a model resident. Prints the table
 (arch, params, % in blocks), the figures of docs/models.md."""
@@ -19,7 +19,7 @@ def table():
         print("\narch | params | % in Group Offload blocks | % in device-map blocks\n" + "\n".join(_ROWS.values()))
 
 
-@pytest.mark.parametrize("kind", sorted(meta_models.FULL_SIZE))
+@pytest.mark.parametrize("kind", sorted(meta_models.PLANNING))
 def test_block_lists_hold_95_percent_of_the_weights(comfy, kind):
     from comfyui_memorykit.memorykit import comfy_integration as ci
     from comfyui_memorykit.memorykit import device_map as dmap

@@ -17,6 +17,7 @@ from .cleanup import start_leftover_cleanup
 from .common import WEIGHT_DTYPES, loaded_models, weight_dtype_options
 from .compat import is_dynamic, memory_path, opt_out_of_dynamic_vram, patcher_free_memory
 from .device_map_patcher import DEVICE_MAP_ATTACHMENT, DeviceMapPlan, device_map_applied, device_map_model
+from .fp8_core import LORA_MODES as FP8_LORA_MODES
 from .fp8_patcher import FP8_ATTACHMENT, format_fp8_info, fp8_layerwise_cast, model_compute_dtype
 from .free import free_memory
 from .offload_patcher import (GROUP_OFFLOAD_KEY, GroupOffloadModelPatcher, GroupOffloadSettings,
@@ -32,7 +33,7 @@ __all__ = [
     "WEIGHT_DTYPES", "loaded_models", "weight_dtype_options",
     "is_dynamic", "memory_path", "opt_out_of_dynamic_vram", "patcher_free_memory",
     "DEVICE_MAP_ATTACHMENT", "DeviceMapPlan", "device_map_applied", "device_map_model",
-    "FP8_ATTACHMENT", "format_fp8_info", "fp8_layerwise_cast", "model_compute_dtype",
+    "FP8_ATTACHMENT", "FP8_LORA_MODES", "format_fp8_info", "fp8_layerwise_cast", "model_compute_dtype",
     "free_memory",
     "GROUP_OFFLOAD_KEY", "GroupOffloadModelPatcher", "GroupOffloadSettings", "comfy_block_lists",
     "group_offload_applied", "group_offload_state_info", "group_offload_ui", "load_group_offload_model",

@@ -18,6 +18,19 @@ def state_directory() -> str:
     return system_user_directory("memorykit")
 
 
+def default_disk_folder() -> str:
+    """``<state directory>/offload``: where Group Offload and Balanced Device Map put their disk
+    folders when the node's folder field is empty (created when needed).
+
+    Not ComfyUI's temp folder: every ComfyUI start on the same install empties that one (a
+    second server started beside a running one would delete the first one's folders). The
+    folders made inside are tracked by :mod:`memorykit.leftovers` and removed when done."""
+    import os
+    path = os.path.join(state_directory(), "offload")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 def start_leftover_cleanup() -> list[str]:
     """At pack start in a ComfyUI server: keep the folder list in :func:`state_directory`,
     delete the listed folders whose creating process is gone (a killed server's offload and

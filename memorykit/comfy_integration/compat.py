@@ -146,3 +146,86 @@ def decoder_gives_pre_end(decoder) -> bool:
     """True when a ``comfy.ldm...model.Decoder`` stops before its output head
     (``give_pre_end``, an attribute 0.33 removed along with the option)."""
     return bool(getattr(decoder, "give_pre_end", False))
+
+
+def core_fp8_format(storage_dtype: torch.dtype) -> tuple[str, str] | None:
+    """``(quant_format, layout)`` of core's own quantized float8 weights for ``storage_dtype``,
+    or None when this ComfyUI cannot hold such weights.
+
+    Core's quantized weights are ``comfy.quant_ops.QuantizedTensor`` (a ``torch.Tensor`` subclass;
+    0.3.75: core's own class, 0.33+: comfy-kitchen's) in the Linear of
+    ``comfy.ops.mixed_precision_ops``; ``comfy.quant_ops.QUANT_ALGOS[format]`` names the layout
+    (0.3.75: ``float8_e4m3fn`` → ``TensorCoreFP8Layout`` only; 0.33: ``float8_e4m3fn`` →
+    ``TensorCoreFP8E4M3Layout``, ``float8_e5m2`` → ``TensorCoreFP8E5M2Layout``). Without
+    comfy-kitchen, 0.33's ``QuantizedTensor`` is a placeholder class: None.
+    """
+    try:
+        import comfy.ops
+        import comfy.quant_ops as qo
+    except ImportError:
+        return None
+    qt = getattr(qo, "QuantizedTensor", None)
+    if not (isinstance(qt, type) and issubclass(qt, torch.Tensor)) or not hasattr(comfy.ops, "mixed_precision_ops"):
+        return None
+    fmt = str(storage_dtype).replace("torch.", "")
+    algo = getattr(qo, "QUANT_ALGOS", {}).get(fmt)
+    if not algo or algo.get("storage_t") != storage_dtype or "comfy_tensor_layout" not in algo:
+        return None
+    return fmt, algo["comfy_tensor_layout"]
+
+
+
+_CORE_FP8_CLASSES: dict = {}
+
+
+def core_fp8_linear(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, fmt: str,
+                    compute_dtype: torch.dtype, full_precision_mm: bool, mixin: type | None = None):
+    """Core's mixed-precision Linear (``comfy.ops.mixed_precision_ops(...).Linear``, the layer core
+    builds for a checkpoint with quantization metadata) holding float8 ``q`` (out, in) with the
+    per-tensor ``scale`` (0-d float32; real weight = q · scale) as a ``QuantizedTensor``, and
+    ``bias``. Loaded through the layer's own ``_load_from_state_dict`` from the tensors a quantized
+    checkpoint holds: ``weight``, ``weight_scale`` and, on 0.33+, ``comfy_quant`` (JSON
+    ``{"format": fmt}``); 0.3.75 reads the format from the ``layer_quant_config`` of its ops class
+    instead (keyed by layer name; the layer is loaded with prefix ""). ``full_precision_mm``: the
+    weight is dequantised to the compute dtype per forward (no float8 matmul). ``mixin``: a class
+    put before core's (``type(name, (mixin, core_linear), {})``). Raises RuntimeError with core's
+    message when core refuses the tensors."""
+    import json
+
+    import comfy.ops
+    old = "layer_quant_config" in inspect.signature(comfy.ops.mixed_precision_ops).parameters  # 0.3.75
+    key = (fmt, compute_dtype, bool(full_precision_mm), mixin)
+    cls = _CORE_FP8_CLASSES.get(key)
+    if cls is None:
+        config = {"": {"format": fmt}} if old else {}
+        base = comfy.ops.mixed_precision_ops(config, compute_dtype, full_precision_mm=full_precision_mm).Linear
+        cls = base if mixin is None else type(f"MemoryKitFp8{base.__name__}", (mixin, base), {"__module__": mixin.__module__})
+        _CORE_FP8_CLASSES[key] = cls
+    out_features, in_features = q.shape
+    with torch.device("meta"):
+        layer = cls(in_features, out_features, bias=bias is not None, device=None)
+    sd = {"weight": q, "weight_scale": scale.detach().reshape(()).to(device=q.device, dtype=torch.float32)}
+    if bias is not None:
+        sd["bias"] = bias
+    if not old:
+        sd["comfy_quant"] = torch.tensor(list(json.dumps({"format": fmt}).encode("utf-8")), dtype=torch.uint8)
+    layer.factory_kwargs["device"] = q.device
+    if bias is not None:
+        layer.bias = torch.nn.Parameter(torch.empty_like(bias, dtype=compute_dtype), requires_grad=False)
+    missing, unexpected, errors = [], [], []
+    layer._load_from_state_dict(sd, "", {}, True, missing, unexpected, errors)
+    if missing or unexpected or errors:
+        raise RuntimeError(f"core's mixed-precision Linear refused a {fmt} weight: missing {missing}, "
+                           f"unexpected {unexpected}, {errors}")
+    return layer
+
+
+def core_fp8_matmul(device) -> bool:
+    """True when core's mixed-precision Linear multiplies in float8 on ``device`` for a weight
+    without a stored input scale: ``model_management.supports_fp8_compute(device)`` and a core
+    whose Linear quantises its input per tensor at run time (0.33+: ``mixed_precision_ops`` takes
+    ``disabled``; 0.3.75's does so only with an ``input_scale`` from the checkpoint)."""
+    import comfy.ops
+    if "disabled" not in inspect.signature(comfy.ops.mixed_precision_ops).parameters:
+        return False
+    return bool(mm.supports_fp8_compute(device))

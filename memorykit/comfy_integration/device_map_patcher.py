@@ -20,8 +20,11 @@ from .. import device_map as dmap
 from ..device_dispatch import dispatch_device_map
 from ..offload import check_disk_folder
 from . import placement
+from .cleanup import default_disk_folder
 from .common import loaded_models
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
+from .offload_patcher import GROUP_OFFLOAD_KEY
+from .fp8_patcher import plain_fp8_layers
 
 DEVICE_MAP_ATTACHMENT = "memorykit_device_map"
 # ComfyUI passes transformer_options (patches, wrappers, callbacks) down every forward; its
@@ -83,11 +86,14 @@ class _DeviceMapPatcherMixin:
     """ModelPatcher behaviour for a clone carrying a :class:`DeviceMapPlan` (see section notes)."""
 
     def _device_map_plan(self) -> DeviceMapPlan | None:
+        if placement.wants_plain_load(self):
+            return None  # saving: ComfyUI's own load, real weights (placement.plain_load)
         return self.get_attachment(DEVICE_MAP_ATTACHMENT)
 
     def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
         plan = self._device_map_plan()
         if plan is None:
+            placement.remove(self.model)
             return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
         placement.remove(self.model)
         # ComfyUI's own full load onto the offload device: applies weight patches (LoRA), no
@@ -107,6 +113,8 @@ class _DeviceMapPatcherMixin:
     def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
         plan = self._device_map_plan()
         if plan is None:
+            if placement.applied(self.model) is not None:
+                self.unpatch_model(self.offload_device, unpatch_weights=True)
             return super().partially_load(device_to, extra_memory, force_patch_weights)
         key = (plan, self.patches_uuid, _device(device_to))
         if not force_patch_weights and placement.reuse(self, key, _AppliedDeviceMap):
@@ -177,11 +185,12 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     weights on disk and that folder is missing or not writable (as Group Offload's
     ``disk_folder``; free space is checked when the map is applied, before anything is written).
     """
-    import os
-
-    import folder_paths
     from ..report import build_report, format_report
 
+    if model.get_attachment(GROUP_OFFLOAD_KEY) is not None:
+        raise ValueError("Balanced Device Map: this MODEL comes through Group Offload, and both nodes decide where "
+                         "the weights live. Connect Balanced Device Map to the loader (or LoRA loader) directly, "
+                         "or use Group Offload alone.")
     diffusion_model = model.get_model_object("diffusion_model")
     no_split = dmap.block_classes(diffusion_model)
     if custom_device_map and custom_device_map.strip():
@@ -201,16 +210,14 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     folder = (offload_folder or "").strip()
     per_device = dmap.bytes_per_device(diffusion_model, device_map)
     if "disk" in per_device:
-        if not folder:  # ComfyUI's temp folder: deleted at start-up and exit, made on demand
-            folder = folder_paths.get_temp_directory()
-            os.makedirs(folder, exist_ok=True)
-        folder = check_disk_folder(folder, what="offload_folder")
-    folder = folder or folder_paths.get_temp_directory()
+        folder = check_disk_folder(folder or default_disk_folder(), what="offload_folder")
+    folder = folder or default_disk_folder()
     # preloaded whole when offloaded: the blocks whose own forward runs (a UNet's
     # TimestepEmbedSequential is never called as a whole: its layers are, see comfy_block_lists)
     preload = dmap.block_classes(diffusion_model, descend_into=("TimestepEmbedSequential",))
     plan = DeviceMapPlan(device_map, main, folder, tuple(preload))
     clone = opt_out_of_dynamic_vram(model, "Balanced Device Map")
+    plain_fp8_layers(clone, "Balanced Device Map")  # core's QuantizedTensor layers → plain float8 tensors
     clone.__class__ = _device_map_patcher_class(type(clone))
     clone.set_attachments(DEVICE_MAP_ATTACHMENT, plan)
 

@@ -1,24 +1,28 @@
 """FP8 Layerwise Cast inside ComfyUI.
 
-The float8 tensors belong to the clone: each cast layer becomes a *new* ComfyUI cast-op module
-(same class as the original, plus :class:`_Fp8CastOp`) holding the float8 weight, its scale and
-a copy of the bias; the clone carries these modules as object patches. ComfyUI swaps object
-patches in at ``patch_model`` (before ``load`` moves weights, so only float8 bytes ever reach
-the device, and any later ON_LOAD hook such as group offloading sees and streams float8
-tensors) and restores the originals at ``unpatch_model``. The shared nn.Module is never
-written. LoRA patches (before or after this node) reach the new modules through ComfyUI's
-``convert_weight``/``set_weight`` protocol (as core's scaled-fp8 ops): at load the LoRA delta is
-added to the original high-precision weight in float32 and the sum is stored in float8 once.
+The float8 tensors belong to the clone: each cast layer becomes a *new* layer holding the float8
+weight, its scale and a copy of the bias — core's mixed-precision Linear with a
+``QuantizedTensor`` where this ComfyUI has one (:mod:`.fp8_core`), else a ComfyUI cast-op module
+(same class as the original, plus :class:`_Fp8CastOp`); the clone carries these modules as
+object patches. ComfyUI swaps object patches in at ``patch_model`` (before ``load`` moves
+weights, so only float8 bytes ever reach the device, and any later ON_LOAD hook such as group
+offloading sees and streams float8 tensors) and restores the originals at ``unpatch_model``. The
+shared nn.Module is never written. LoRA patches (before or after this node) reach the new
+modules through ComfyUI's ``convert_weight``/``set_weight`` protocol (as core's scaled-fp8 ops):
+by default (``lora_mode="unmerged"``) the delta is added per forward to the dequantised weight;
+``merged`` adds it at load to the original high-precision weight in float32 and stores the sum
+in float8 once.
 """
 from __future__ import annotations
 
 import uuid
+import weakref
 from typing import ClassVar
 
 import torch
 
 from .. import fp8
-from . import placement
+from . import compat, fp8_core, placement
 from .compat import apply_weight_patch
 
 FP8_ATTACHMENT = "memorykit_fp8"
@@ -78,7 +82,9 @@ class _Fp8CastOp:
             comfy.ops.uncast_bias_weight(self, weight, bias, offload_stream)
             return out
         weight, bias, offload_stream = comfy.ops.cast_bias_weight(self, input, offloadable=True)
-        if isinstance(self, torch.nn.Linear):
+        if isinstance(self, torch.nn.Linear) and getattr(self, "_mk_weight_math", False):
+            out = torch.nn.functional.linear(input, fp8.scale_weight(weight, scale), bias)  # as core's layer
+        elif isinstance(self, torch.nn.Linear):
             out = fp8.scaled_linear(input, weight, scale, bias)
         else:
             out = self._conv_forward(input, fp8.scale_weight(weight, scale), bias)
@@ -144,6 +150,8 @@ class _Fp8CastOp:
         that must match the stored scale) and ``inplace_update`` (the Parameter object stays,
         so a scale on it could outlive the restore) keep the layer's scale.
         """
+        if self._mk_lora_mode == "unmerged" and not return_weight and not inplace_update:
+            return  # the delta is added per forward (fp8_core.add_unmerged_patches)
         with torch.no_grad():
             if return_weight or inplace_update or self._mk_scaling == "none":
                 q = fp8.quantize_with_scale(weight.detach(), self.weight.dtype, layer_scale(self))
@@ -170,7 +178,7 @@ def _fp8_class(cls: type) -> type:
 
 
 def _fp8_layer(orig: torch.nn.Module, q: torch.Tensor, scale, bias, fp8_matmul: bool = False,
-              scaling: str = "per-tensor") -> torch.nn.Module:
+              scaling: str = "per-tensor", lora_mode: str = "merged") -> torch.nn.Module:
     """New cast-op module like ``orig`` (same class + :class:`_Fp8CastOp`, same config) holding
     float8 ``q``, ``scale`` (non-persistent buffer ``scale_weight``) and ``bias`` (a copy).
     Keeps a reference to ``orig`` (read by ``convert_weight``, never written)."""
@@ -191,7 +199,32 @@ def _fp8_layer(orig: torch.nn.Module, q: torch.Tensor, scale, bias, fp8_matmul: 
     new._mk_original = (orig,)  # a tuple: not registered as a submodule
     new._mk_fp8_matmul = fp8_matmul
     new._mk_scaling = scaling
+    new._mk_lora_mode = lora_mode
     return new
+
+
+# Float8 tensors of core-path layers per original weight, so a re-run of the node on another clone
+# of the same model (a LoRA strength change before this node) reuses them (core's layers never
+# write them in place): id(weight) → (weakref to it, {(storage, scaling, power of two, device): (q, s)}).
+_QUANTIZED: dict[int, tuple] = {}
+
+
+def _quantized(w: torch.Tensor, storage, scaling: str, work, out_device, memo: bool, power_of_two: bool):
+    """:func:`memorykit.fp8.quantize_weight` of ``w`` (``power_of_two``: see there); ``memo``
+    (the core path): memoised per (weight tensor, storage, scaling, scale kind, device) while
+    ``w`` lives."""
+    key = (storage, scaling, power_of_two, str(out_device))
+    entry = _QUANTIZED.get(id(w))
+    if memo and entry is not None and entry[0]() is w and key in entry[1]:
+        return entry[1][key]
+    out = fp8.quantize_weight(w, storage, scaling, work_device=work, out_device=out_device, power_of_two=power_of_two)
+    if memo:
+        if entry is None or entry[0]() is not w:
+            wid = id(w)
+            entry = (weakref.ref(w, lambda _r, wid=wid: _QUANTIZED.pop(wid, None)), {})
+            _QUANTIZED[wid] = entry
+        entry[1][key] = out
+    return out
 
 
 def _unpatched(patcher, module, key: str, param: str, in_tree: bool):
@@ -211,9 +244,27 @@ def model_compute_dtype(model) -> torch.dtype:
     return mc if mc is not None else model.model_dtype()
 
 
+# Attachments of the pack's placement nodes (Group Offload, Balanced Device Map): they move plain tensors only.
+_PLACED_BY = {"memorykit_group_offload": "Group Offload", "memorykit_device_map": "Balanced Device Map"}
+
+
+def _core_plan(storage, scaling: str, fp8_matmul: bool, device) -> tuple[str | None, str, str]:
+    """``(core format or None, core layout, why MemoryKit's cast layers are used)`` for the Linear
+    layers under these options (Conv layers always keep MemoryKit's: core quantises no Conv)."""
+    fmt = compat.core_fp8_format(storage)
+    if fmt is None:
+        return None, "", f"this ComfyUI has no QuantizedTensor layout for {_dtype_name(storage)}"
+    if scaling == "per-output-channel":
+        return None, "", "core's float8 layouts hold one scale per tensor; per-output-channel kept MemoryKit's layers"
+    if fp8_matmul and not compat.core_fp8_matmul(device):
+        return None, "", f"fp8_matmul: core has no run-time float8 matmul for its QuantizedTensor on {device}"
+    return fmt[0], fmt[1], "Conv layers (core quantises Linear layers only)"
+
+
 def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtype: str = "auto",
                        scaling: str = "per-tensor", skip_preset: str = "auto",
-                       extra_skip_patterns: str = "", fp8_matmul: bool = False) -> tuple[object, dict]:
+                       extra_skip_patterns: str = "", fp8_matmul: bool = False,
+                       lora_mode: str = "unmerged") -> tuple[object, dict]:
     """Clone of ``model`` whose diffusion-model layers are stored in float8 while loaded.
 
     ``storage_dtype``: ``float8_e4m3fn`` / ``float8_e5m2``; ``compute_dtype``: ``auto`` (what
@@ -221,7 +272,10 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
     ``scaling``: ``none`` / ``per-tensor`` / ``per-output-channel``; ``skip_preset`` and
     ``extra_skip_patterns``: see :func:`memorykit.fp8.default_skip_patterns` and
     :func:`memorykit.fp8.parse_patterns`; ``fp8_matmul``: Linear layers multiply on float8
-    tensor cores (:func:`memorykit.fp8.fp8_linear`; needs float8_e4m3fn). Quantises every
+    tensor cores (:func:`memorykit.fp8.fp8_linear`, or core's where it has one; needs
+    float8_e4m3fn); ``lora_mode``: see :mod:`.fp8_core` (``unmerged`` / ``merged``). Where
+    this ComfyUI has core's ``QuantizedTensor`` the Linear layers become core's mixed-precision
+    Linear holding one (:mod:`.fp8_core`); ``info["path"]`` says which layers went which way. Quantises every
     cast layer now (on the load device when it is a GPU) and keeps the results on the
     offload device with the clone (host RAM: about half the bf16 size of the cast layers).
 
@@ -240,6 +294,8 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
         raise ValueError(f"storage_dtype must be one of {list(fp8.STORAGE_DTYPES)}, got {storage_dtype!r}")
     if scaling not in fp8.SCALINGS:
         raise ValueError(f"scaling must be one of {list(fp8.SCALINGS)}, got {scaling!r}")
+    if lora_mode not in fp8_core.LORA_MODES:
+        raise ValueError(f"lora_mode must be one of {list(fp8_core.LORA_MODES)}, got {lora_mode!r}")
     storage = fp8.STORAGE_DTYPES[storage_dtype]
     current = model_compute_dtype(model)
     if compute_dtype == "auto":
@@ -279,22 +335,33 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
 
     size_before = n.model_size()
     work = device if getattr(device, "type", "cpu") == "cuda" else None
+    core_fmt, core_layout, own_reason = _core_plan(storage, scaling, fp8_matmul, device)
     pbar = comfy.utils.ProgressBar(len(plan.cast))
-    saved = cast_params = 0
+    saved = cast_params = n_core = 0
     for name in plan.cast:
         cmm.throw_exception_if_processing_interrupted()  # Cancel stops here; the clone is dropped
         key = prefix + name
         in_tree = key not in n.object_patches and key not in n.object_patches_backup
         orig = original(name, None) if not in_tree else comfy.utils.get_attr(n.model, key)
         w = _unpatched(n, orig, key, "weight", in_tree)
-        q, s = fp8.quantize_weight(w, storage, scaling, work_device=work, out_device=n.offload_device)
+        core = core_fmt is not None and isinstance(orig, torch.nn.Linear)
+        # Core's QuantizedTensor multiplies by the scale in the compute dtype: a power-of-two scale is
+        # exact there in every dtype (amax/fmax is rounded to 8 bits in bf16, an e5m2 one is an fp16 subnormal).
+        q, s = _quantized(w, storage, scaling, work, n.offload_device, memo=core, power_of_two=core)
         b = _unpatched(n, orig, key, "bias", in_tree)
         b = None if b is None else b.detach().to(n.offload_device, copy=True)
-        n.add_object_patch(key, _fp8_layer(orig, q, s, b, fp8_matmul, scaling))
+        if core:
+            layer = fp8_core.build_layer(orig, q, s, b, core_fmt, compute, fp8_matmul, lora_mode)
+            n_core += 1
+        else:
+            layer = _fp8_layer(orig, q, s, b, fp8_matmul, scaling, lora_mode)
+        n.add_object_patch(key, layer)
         saved += fp8.param_bytes(w) - fp8.param_bytes(q)
         cast_params += w.numel()
         pbar.update(1)
 
+    if lora_mode == "unmerged":
+        fp8_core.register_callbacks(n)
     if compute != current:
         n.set_model_compute_dtype(compute)  # core's own switch: inputs and kept layers cast to it
     n.patches_uuid = uuid.uuid4()  # weights differ from the input's: make ComfyUI reload, not reuse
@@ -306,9 +373,39 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
         "weight_bytes_before": int(size_before), "weight_bytes_after": int(n.size),
         "cast_layers": len(plan.cast), "cast_params": int(cast_params),
         "kept_layers": [{"name": k, "reason": v} for k, v in plan.kept.items()],
+        "lora_mode": lora_mode, "core_layers": n_core, "core_layout": core_layout,
+        "own_reason": own_reason,
     }
+    info["path"] = fp8_core.describe_path(info)
+    n.set_attachments(FP8_ATTACHMENT, {k: v for k, v in info.items() if k != "kept_layers"} | {"cast": list(plan.cast)})
+    placed = [name for key, name in _PLACED_BY.items() if model.get_attachment(key) is not None]
+    if placed:  # Group Offload / device map before this node: plain float8 tensors, same values and math
+        plain_fp8_layers(n, placed[0])
+        info.update(core_layers=0, path=n.get_attachment(FP8_ATTACHMENT)["path"])
     n.set_attachments(FP8_ATTACHMENT, {k: v for k, v in info.items() if k != "kept_layers"} | {"cast": list(plan.cast)})
     return n, info
+
+
+def plain_fp8_layers(patcher, node: str) -> None:
+    """Give ``patcher`` (a clone this module may change) MemoryKit's cast layers instead of core's
+    QuantizedTensor layers: Group Offload and Balanced Device Map move, pin and write plain
+    tensors only (a tensor subclass has no storage of its own). Same float8 values and scales and
+    the same math (the scale multiplies the weight, as core's dequantisation does; a power-of-two
+    scale makes it exact), so the output is unchanged. The FP8 attachment's info notes it."""
+    att = patcher.get_attachment(FP8_ATTACHMENT)
+    if not att or not att.get("core_layers"):
+        return
+    for key, layer in list(patcher.object_patches.items()):
+        if not fp8_core.is_core_layer(layer):
+            continue
+        orig = layer._mk_original[0]
+        b = None if layer.bias is None else layer.bias.detach()
+        new = _fp8_layer(orig, fp8_core.storage_tensor(layer).detach(), fp8_core.weight_scale(layer).detach(), b,
+                         False, "per-tensor", layer._mk_lora_mode)
+        new._mk_weight_math = True
+        patcher.add_object_patch(key, new)
+    patcher.set_attachments(FP8_ATTACHMENT, dict(att, core_layers=0, path=(
+        f"path: MemoryKit cast layers ({node} places plain tensors; core's QuantizedTensor layers replaced)")))
 
 
 def format_fp8_info(info: dict, max_kept: int = 12) -> str:
@@ -320,6 +417,8 @@ def format_fp8_info(info: dict, max_kept: int = 12) -> str:
               f"{info['compute_dtype']} compute{matmul}, scaling {info['scaling']}"),
              (f"weights {gib(before)} GiB -> {gib(after)} GiB ({after / max(1, before):.2f}x); "
               f"{info['cast_layers']} layers cast, {len(info['kept_layers'])} kept:")]
+    if "path" in info:
+        lines.insert(1, f"{info['path']}; LoRA {info['lora_mode']}")
     for k in info["kept_layers"][:max_kept]:
         lines.append(f"  {k['name']}: {k['reason']}")
     if len(info["kept_layers"]) > max_kept:

@@ -26,8 +26,10 @@ import comfy.utils
 
 from .. import badge, offload, offload_plan, report
 from . import placement
+from .cleanup import default_disk_folder
 from .common import loaded_models, weight_dtype_options
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram, patcher_free_memory
+from .fp8_patcher import plain_fp8_layers
 
 _log = logging.getLogger("MemoryKit")
 GROUP_OFFLOAD_KEY = "memorykit_group_offload"
@@ -77,16 +79,6 @@ class _OffloadState(placement.Placement):
         base_model.current_weight_patches_uuid = None
 
 
-def default_disk_folder() -> str:
-    """ComfyUI's temp folder (emptied by ComfyUI at start-up), used when the node's folder is empty."""
-    import os
-
-    import folder_paths
-    path = folder_paths.get_temp_directory()
-    os.makedirs(path, exist_ok=True)  # ComfyUI deletes it at start-up and exit and recreates it on demand
-    return path
-
-
 def comfy_block_lists(diffusion_model: torch.nn.Module) -> offload_plan.BlockLists:
     """Blocks of a ComfyUI diffusion model: diffusers' rule, except that the elements of a
     ``TimestepEmbedSequential`` (SD/SDXL UNets) are the blocks, because ComfyUI's
@@ -119,7 +111,7 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
 
     def _offload_settings(self, device_to, force_patch_weights=False):
         s = self.get_attachment(GROUP_OFFLOAD_KEY)
-        if s is None or force_patch_weights or device_to is None:
+        if s is None or force_patch_weights or device_to is None or placement.wants_plain_load(self):
             return None
         if torch.device(device_to).type == "cpu" and s.options.offload_to == "cpu":
             return None  # computing on the CPU from CPU RAM: nothing to offload
@@ -280,6 +272,7 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
     if settings.options.offload_to == "disk":
         offload.check_disk_folder(settings.disk_folder or default_disk_folder())
     n = _standard_clone(model)
+    plain_fp8_layers(n, "Group Offload")  # core's QuantizedTensor layers → plain float8 tensors
     n.__class__ = GroupOffloadModelPatcher  # same object layout; how ComfyUI-GGUF makes its patcher from a clone
     n.set_attachments(GROUP_OFFLOAD_KEY, settings)
     n.remove_wrappers_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY)

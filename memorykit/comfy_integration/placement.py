@@ -18,10 +18,12 @@ that owns it, and follows this rule (both patcher classes call the functions bel
 - **collection**: the owner's garbage collection undoes the placement, unless another patcher
   took it over.
 - **readers**: a node that reads the shared weights while a placement may be applied (e.g. FP8
-  Layerwise Cast) calls :func:`release` first.
+  Layerwise Cast) calls :func:`release` first; a node that has ComfyUI load the model to read
+  it (Save Sharded: core's savers call ``load_models_gpu``) does so inside :func:`plain_load`.
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 _ATTR = "_memorykit_placement"
@@ -139,6 +141,27 @@ def detach_unpatch_all(patcher, unpatch_all: bool) -> bool:
     keep = not unpatch_all and p.handover_to == id(patcher)
     p.handover_to = None
     return not keep
+
+
+_PLAIN = "_memorykit_plain_load"
+
+
+@contextlib.contextmanager
+def plain_load(patcher):
+    """Within: any placement on ``patcher``'s model is released and the pack's patchers load
+    ``patcher`` the plain way (ComfyUI's own load, real weights), as they do for
+    ``force_patch_weights``. Used to save a placed model (issue 23 items 4 and 11)."""
+    release(patcher.model)
+    patcher.__dict__[_PLAIN] = True
+    try:
+        yield
+    finally:
+        patcher.__dict__.pop(_PLAIN, None)
+
+
+def wants_plain_load(patcher) -> bool:
+    """True inside :func:`plain_load` for ``patcher``."""
+    return bool(patcher.__dict__.get(_PLAIN))
 
 
 def release(base_model) -> bool:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from .. import badge, report, scaled_fp8, sharded, sharded_save
+from .. import badge, report, safe_files, scaled_fp8, sharded, sharded_save, validation
+from . import fp8_core, placement
 from .common import loaded_models, weight_dtype_options
 from .compat import model_state_dict_for_saving as _compat_state_dict
 from .fp8_patcher import FP8_ATTACHMENT, layer_scale
@@ -148,9 +149,12 @@ def model_state_dict_for_saving(model) -> tuple[dict, dict, dict | None]:
     metadata). Weights patched in place are the model's own tensors (no copy). Layers cast by
     FP8 Layerwise Cast are written the way core's loaders read them back
     (:func:`scaled_fp8.checkpoint_tensors`); the third value is its info (None for a model
-    without float8 layers).
+    without float8 layers). A placed model (Group Offload, Balanced Device Map) is read the
+    plain way (:func:`placement.plain_load`): its placement may hold placeholders or meta
+    tensors, and the saver must read the real weights (issue 23 items 4 and 11).
     """
-    sd = _compat_state_dict(model)
+    with placement.plain_load(model):
+        sd = _compat_state_dict(model)
     metadata = {}
     for k in [k for k, v in sd.items() if not isinstance(v, torch.Tensor)]:
         v = sd.pop(k)
@@ -168,35 +172,32 @@ def _fp8_layers_for_saving(model, sd: dict) -> tuple[dict, dict | None]:
     # The prefix core's savers give diffusion-model keys (model.diffusion_model., net., ...).
     prefix = next(iter(model.model.model_config.process_unet_state_dict_for_saving({"": None})))
     layers = {}
+    sd = dict(sd)
     for name in cast:
         layer = model.get_model_object(f"diffusion_model.{name}")
+        key = f"{prefix}{name}.weight"
+        scale = None
+        if fp8_core.is_core_layer(layer):  # core's QuantizedTensor: its float8 data and scale
+            for suffix in ("weight_scale", "comfy_quant"):
+                sd.pop(f"{prefix}{name}.{suffix}", None)
+            if key in sd:  # the layer's own float8 data (0.33's state dict may hold it without its scale)
+                sd[key], scale = fp8_core.storage_tensor(layer).detach(), fp8_core.weight_scale(layer)
+        if fp8_core.is_unmerged_layer(layer) and f"diffusion_model.{name}.weight" in model.patches:
+            sd[key], scale = fp8_core.merged_for_saving(layer, model.patches, f"diffusion_model.{name}.weight")
+        elif scale is None and hasattr(layer, "scale_weight"):
+            scale = layer_scale(layer)
         weight = sd.get(f"{prefix}{name}.weight")
         if weight is None or weight.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
             continue
         original = getattr(layer, "_mk_original", (None,))[0]
         dtype = original.weight.dtype if original is not None and original.weight.is_floating_point() \
             and original.weight.dtype.itemsize > 1 else torch.float32
-        layers[name] = scaled_fp8.Fp8Layer(layer_scale(layer) if hasattr(layer, "scale_weight") else None, dtype,
-                                           isinstance(layer, torch.nn.Linear))
+        layers[name] = scaled_fp8.Fp8Layer(scale, dtype,
+                                           isinstance(layer, torch.nn.Linear) or fp8_core.is_core_layer(layer))
     core_linears = {n for n, m in model.model.diffusion_model.named_modules()
                     if isinstance(m, torch.nn.Linear) and hasattr(m, "comfy_cast_weights")}
     core_linears |= {n for n, layer in layers.items() if layer.linear}
     return scaled_fp8.checkpoint_tensors(sd, prefix, layers, core_linears)
-
-
-def _check_save_name(name: str, parts: list[str]) -> None:
-    bad = next((i for i, c in enumerate(name) if ord(c) < 32 or ord(c) == 127), None)
-    if bad is not None:
-        raise ValueError(f"name {name!r}: character {bad + 1} is a control character ({name[bad]!r}); "
-                         "remove it (folder names are printable text)")
-    for part in parts:
-        if part.startswith("."):
-            raise ValueError(f"name {name!r}: the folder name {part!r} starts with '.', so it is hidden and Sharded "
-                             "Checkpoint Loader would never list it; remove the leading '.'")
-        n = len(part.encode("utf-8"))
-        if n > sharded_save.NAME_MAX:
-            raise ValueError(f"name: the folder name {part[:40]!r}... is {n} bytes long; file systems allow at most "
-                             f"{sharded_save.NAME_MAX}: shorten it")
 
 
 def save_model_sharded(model, name: str, max_shard_size: str = "5GB", overwrite: bool = False, progress=None) -> dict:
@@ -205,18 +206,26 @@ def save_model_sharded(model, name: str, max_shard_size: str = "5GB", overwrite:
     ``name``: a folder name (sub-folders with ``/`` allowed; no ``..``, not absolute). See
     ``sharded_save.save_sharded`` for the files, the atomic write and ``overwrite``. Returns its
     summary plus ``seconds`` and ``choice`` (the entry Sharded Checkpoint Loader lists).
-    Raises ValueError for a bad name or size, FileExistsError for an existing folder (with
-    ``overwrite``: one that holds no earlier Save Sharded checkpoint; only that checkpoint's
-    index and shards are replaced, other files in the folder are kept).
+    Raises ValueError for a bad name (each component checked by
+    :func:`validation.path_component`; a path over PATH_MAX or through an existing file) or
+    size, PermissionError for a read-only folder, OSError(ENOSPC) when the disk cannot hold the
+    save (checked before writing), FileExistsError for an existing folder (with ``overwrite``:
+    one that holds no Save Sharded marker; only that save's files are replaced, other files in
+    the folder are kept).
     """
     import comfy.utils
-    name = (name or "").strip().rstrip("/")
-    parts = name.replace("\\", "/").split("/")
-    if not name or os.path.isabs(name) or any(p in ("", ".", "..") for p in parts):
+    name = (name or "").strip().rstrip("/") if isinstance(name, str) else name
+    if not isinstance(name, str) or not name or os.path.isabs(name):
         raise ValueError(f"name {name!r}: give a folder name inside models/diffusion_models (no '..', not absolute)")
-    _check_save_name(name, parts)
+    parts = name.replace("\\", "/").split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"name {name!r}: give a folder name inside models/diffusion_models (no '..', not absolute)")
+    for part in parts:
+        validation.path_component(part, "name")
     sharded_save.parse_size(max_shard_size)  # fail before any work
-    dest = diffusion_models_dir() / name
+    root = diffusion_models_dir()
+    dest = root / name
+    safe_files.check_destination(dest, 0, "name")  # path length, a file in the way, read-only folder
     if dest.exists() and not overwrite:
         raise FileExistsError(f"{dest} already exists; choose another name or enable overwrite to replace it")
     if dest.exists():

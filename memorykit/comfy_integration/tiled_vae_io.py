@@ -132,7 +132,8 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     import comfy.utils
     shape = vae_shape(vae)
     dims = tuple(x.shape[2:])
-    args = (opts.temporal_size, opts.temporal_overlap)
+    # Temporal fields only matter where time is cut (video VAEs without a causal cache).
+    args = (opts.temporal_size, opts.temporal_overlap) if shape.video and not shape.time_cache else (1, 0)
     plan = tv.make_plan(shape, direction, dims, opts.tile_px, opts.overlap_px, *args)
     s = shape.spatial_factor
     on_gpu = torch.device(vae.device).type != "cpu"

@@ -12,12 +12,14 @@ _N = r"\d+(\.\d+)?"
 FIGURE_PATTERNS = [re.compile(p) for p in (
     rf"(VRAM|RAM) peak( \(max of \d+\))? {_B}",
     rf"{_N} → {_N} (B|KiB|MiB|GiB) \([−+]\d+ %\)",
-    r"\d+ layers fp8", r"\d+ kept",
+    r"\d+ layers fp8( \(core\))?", r"\d+ kept",
     rf"resident {_B}", rf"streams {_B}/forward( from disk)?", rf"(peak|needs) {_B}",
     rf"\d+ forwards in {_N} s", r"planned",
     r"\d+(×\d+)* tiles", r"\d+×\d+ px", rf"{_N} s",
     r"\d+ shards?", _B, r"\d+ tensors",
     rf"(cpu|disk|mps|(cuda|xpu|npu|mlu):\d+) {_N}( (B|KiB|MiB|GiB))?",  # device map: "cuda:0 10.8", "disk 1.6 MiB"
+    rf"(fp8 \+ )?stream {_B}/step from (RAM|disk)", r"fp8 resident", r"as loaded", r"(fp8 \+ )?core dynamic VRAM",
+    r"tiles \d+", r"no tiles",  # Memory Plan
     rf"unloaded {_B}", rf"VRAM freed {_B}", rf"cache released {_B}", r"\d+ models? loaded",
 )]
 

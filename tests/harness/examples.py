@@ -145,6 +145,11 @@ def plain_prompt(api: dict) -> dict:
         if ct in _PASSTHROUGH:
             redirect[(nid, 0)] = inp[_PASSTHROUGH[ct]]
             del api[nid]
+        elif ct == "MemoryKitMemoryPlan":  # MODEL and VAE passed through (outputs 0 and 1)
+            redirect[(nid, 0)] = inp["model"]
+            if "vae" in inp:
+                redirect[(nid, 1)] = inp["vae"]
+            del api[nid]
         elif ct in _CORE_EQUIVALENT:
             core, names = _CORE_EQUIVALENT[ct]
             api[nid] = {"class_type": core, "inputs": {k: inp[k] for k in names}}

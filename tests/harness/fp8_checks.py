@@ -17,10 +17,22 @@ def load_and_forward(patcher, *args, **kwargs) -> torch.Tensor:
         return patcher.model.apply_model(*args, **kwargs).float()
 
 
-def cast(ci, model, storage="float8_e4m3fn", compute="auto", scaling="per-tensor", preset="auto", extra="",
-         fp8_matmul=False):
+def wan_model_and_inputs(fixture_models) -> tuple:
+    """The Wan fixture loaded by core's loader and inputs for one ``apply_model``:
+    ``(patcher, args, kwargs)`` (seed 1: 3 latent frames of 16², sigma 0.6, 16 text tokens)."""
+    import comfy.sd
     with torch.inference_mode():
-        return ci.fp8_layerwise_cast(model, storage, compute, scaling, preset, extra, fp8_matmul)
+        plain = comfy.sd.load_diffusion_model(str(fixture_models["wan"]))
+    gen = torch.Generator().manual_seed(1)
+    args = (torch.randn(1, 16, 3, 16, 16, generator=gen), torch.tensor([0.6]))
+    kwargs = {"c_crossattn": torch.randn(1, 16, 4096, generator=gen) * 0.5}
+    return plain, args, kwargs
+
+
+def cast(ci, model, storage="float8_e4m3fn", compute="auto", scaling="per-tensor", preset="auto", extra="",
+         fp8_matmul=False, lora_mode="unmerged"):
+    with torch.inference_mode():
+        return ci.fp8_layerwise_cast(model, storage, compute, scaling, preset, extra, fp8_matmul, lora_mode)
 
 
 def fingerprint(module: torch.nn.Module) -> dict:

@@ -1,0 +1,308 @@
+"""Memory Plan inside ComfyUI: measure the machine and the MODEL, plan (:mod:`memorykit.memory_plan`),
+apply the pick with the code the individual nodes use (FP8 Layerwise Cast's
+:func:`.fp8_patcher.fp8_layerwise_cast`, Group Offload's :func:`.offload_patcher.prepare_group_offload`),
+and hand a VAE that decodes in the planned tiles (a copy; the input VAE is not changed).
+
+Measured once per server process and cached (:func:`bandwidths`): pinned host→device bandwidth
+(a timed copy, CUDA only), the offload folder's disk read speed (a timed read of a temp file
+written, flushed from the page cache and deleted), sustained matmul throughput. Free VRAM/RAM/disk
+are read on every run (they change between runs).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+
+import comfy.model_management as mm
+import torch
+
+from .. import fp8
+from .. import memory_plan as mp
+from ..offload_plan import GroupOffloadOptions
+from .compat import is_dynamic, patcher_free_memory
+from .fp8_patcher import FP8_ATTACHMENT, fp8_layerwise_cast, model_compute_dtype
+from .offload_patcher import (
+    GroupOffloadSettings,
+    comfy_block_lists,
+    default_disk_folder,
+    prepare_group_offload,
+)
+
+_log = logging.getLogger("MemoryKit")
+_CACHE: dict[str, dict] = {}
+PROBE_BYTES = 64 << 20  # timed copy / read size: large enough to reach full speed on PCIe and NVMe
+
+
+def _timed(fn, repeat: int = 3) -> float:
+    fn()  # warm-up
+    best = math.inf
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return max(best, 1e-9)
+
+
+def _h2d_bandwidth(device: torch.device) -> float:
+    src = torch.empty(PROBE_BYTES, dtype=torch.uint8).pin_memory()
+    dst = torch.empty(PROBE_BYTES, dtype=torch.uint8, device=device)
+
+    def copy_():
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize(device)
+    return PROBE_BYTES / _timed(copy_)  # both buffers are freed on return
+
+
+def _disk_read(folder: str) -> float:
+    """Read speed of ``folder``'s disk: a temp file written, synced, dropped from the page cache
+    (``posix_fadvise DONTNEED`` where it exists), read back, deleted."""
+    fd, path = tempfile.mkstemp(prefix="memorykit-plan-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(1 << 20) * (PROBE_BYTES >> 20))
+            f.flush()
+            os.fsync(f.fileno())
+
+        def read():
+            with open(path, "rb", buffering=0) as f:
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+                while f.read(8 << 20):
+                    pass
+        return PROBE_BYTES / _timed(read, repeat=1)
+    finally:
+        os.unlink(path)
+
+
+def _flops(device: torch.device) -> float:
+    n = 2048 if device.type == "cuda" else 256
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+
+    def mm_():
+        for _ in range(4):
+            a @ a
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return 4 * 2 * n ** 3 / _timed(mm_)
+
+
+def bandwidths(device, disk_folder: str) -> dict:
+    """``{h2d_bytes_per_s, disk_read_bytes_per_s, flops_per_s}`` for ``device`` and the disk of
+    ``disk_folder``, measured once per process (cached by device and folder). Without CUDA the
+    host→device figure is None (no bus to cross)."""
+    device = torch.device(device)
+    key = f"{device}|{os.path.realpath(disk_folder)}"
+    if key not in _CACHE:
+        h2d = _h2d_bandwidth(device) if device.type == "cuda" else None
+        _CACHE[key] = {"h2d_bytes_per_s": h2d, "disk_read_bytes_per_s": _disk_read(disk_folder),
+                       "flops_per_s": _flops(device)}
+        _log.info("Memory Plan: measured %s", _CACHE[key])
+    return dict(_CACHE[key])
+
+
+def _cpu_bytes(patcher) -> int:
+    dm = patcher.model
+    return sum(t.numel() * t.element_size() for t in list(dm.parameters()) + list(dm.buffers()) if t.device.type == "cpu")
+
+
+def measure_machine(patcher, disk_folder: str = "") -> mp.Machine:
+    """This machine as ComfyUI sees it for ``patcher``'s model: free VRAM (:func:`patcher_free_memory`,
+    which counts what dynamic VRAM can evict), RAM free plus what the model already holds in RAM,
+    free disk in the offload folder, and the cached :func:`bandwidths`."""
+    folder = disk_folder or default_disk_folder()
+    dev = torch.device(patcher.load_device)
+    b = bandwidths(dev, folder)
+    gpu = dev.type == "cuda"
+    return mp.Machine(
+        vram_bytes=patcher_free_memory(patcher, dev) if gpu else 0,
+        ram_bytes=int(mm.get_free_memory(torch.device("cpu"))) + _cpu_bytes(patcher),
+        disk_bytes=shutil.disk_usage(folder).free,
+        h2d_bytes_per_s=b["h2d_bytes_per_s"] or mp.DEFAULT_H2D,
+        disk_read_bytes_per_s=b["disk_read_bytes_per_s"], flops_per_s=b["flops_per_s"],
+        reserve_vram_bytes=int(mm.minimum_inference_memory()) if gpu else 0,
+        dynamic_vram=is_dynamic(patcher), source="measured")
+
+
+def given_machine(vram_gb: float, ram_gb: float, disk_gb: float, dynamic_vram: bool = False) -> mp.Machine:
+    """Another machine from its figures (GiB): bandwidths and throughput are the defaults of
+    :mod:`memorykit.memory_plan` (a PCIe 4.0 card, an NVMe SSD)."""
+    for name, v in (("vram_gb", vram_gb), ("ram_gb", ram_gb), ("disk_gb", disk_gb)):
+        if v < 0:
+            raise ValueError(f"{name} must be ≥ 0 GiB, got {v}")
+    if ram_gb <= 0:
+        raise ValueError("ram_gb must be > 0: the RAM of the machine to plan for, in GiB")
+    g = 2 ** 30
+    return mp.Machine(int(vram_gb * g), int(ram_gb * g), int(disk_gb * g), dynamic_vram=dynamic_vram and vram_gb > 0,
+                      source="given")
+
+
+def latent_shape(latent: dict | None, patcher, width: int, height: int, frames: int) -> list[int]:
+    """The latent the sampler will see: the LATENT's ``samples`` shape when wired, else one item
+    of ``width``×``height`` (``frames`` for video models) in the model's latent format."""
+    if latent is not None and isinstance(latent.get("samples"), torch.Tensor):
+        return list(latent["samples"].shape)
+    fmt = patcher.model.latent_format
+    ch = int(getattr(fmt, "latent_channels", 4))
+    s = int(getattr(fmt, "spacial_downscale_ratio", 8))
+    if getattr(fmt, "latent_dimensions", 2) == 3:
+        t = int(getattr(fmt, "temporal_downscale_ratio", 4))
+        return [1, ch, (max(1, frames) - 1) // t + 1, height // s, width // s]
+    return [1, ch, height // s, width // s]
+
+
+def _patch_area(dm) -> int:
+    p = getattr(dm, "patch_size", None)
+    if isinstance(p, int):
+        return p * p
+    if isinstance(p, (tuple, list)):
+        return int(math.prod(p))
+    # UNets: most parameters sit at the level 4× down (SDXL: 1024² → latent 128² → 32²), 1/16 of
+    # the latent positions: 2 · 2.6e9 · 1024 ≈ 5.3 TFLOP per SDXL forward at 1024².
+    return 16
+
+
+def _activation_bytes(patcher, run_shape: list[int]) -> int | None:
+    """Core's ``BaseModel.memory_required(run_shape)`` on a CUDA load device; elsewhere (the
+    CPU, a plan for another machine) the same formula's branch for PyTorch/xformers flash
+    attention, the one core takes on every CUDA GPU (comfy/model_base.py: latent area × dtype size
+    × 0.01 × ``memory_usage_factor`` MiB); None when the model has neither."""
+    bm = patcher.model
+    if not hasattr(bm, "memory_required"):
+        return None
+    if torch.device(patcher.load_device).type == "cuda":
+        return int(bm.memory_required(run_shape))
+    factor = getattr(bm, "memory_usage_factor", None)
+    if factor is None:
+        return None
+    dtype = (getattr(bm, "get_dtype_inference", None) or bm.get_dtype)()
+    area = run_shape[0] * math.prod(run_shape[2:])
+    return int(area * mm.dtype_size(dtype) * 0.01 * factor * (1 << 20))
+
+
+def model_figures(patcher, shape: list[int]) -> mp.ModelFigures:
+    """``patcher``'s diffusion model as :class:`memorykit.memory_plan.ModelFigures`: blocks as
+    Group Offload streams them (:func:`comfy_block_lists`), the layers FP8 Layerwise Cast would
+    cast (its ``auto`` skip preset), activations from core's ``memory_required`` for the batch
+    core samples (cond + uncond: ``2 × batch``, comfy/sampler_helpers.py), FLOPs ≈ 2 × parameters
+    × tokens (latent positions / patch area) × that batch."""
+    dm = patcher.model.diffusion_model
+    lists = comfy_block_lists(dm)
+    batch = 2 * shape[0]
+    run_shape = [batch] + list(shape[1:])
+    act = _activation_bytes(patcher, run_shape)
+    cast = set()
+    if patcher.get_attachment(FP8_ATTACHMENT) is None:  # not through FP8 Layerwise Cast already
+        cast = set(fp8.plan_layers(dm, fp8.default_skip_patterns(fp8.detect_family(dm), "auto")).cast)
+    params = sum(p.numel() for p in dm.parameters())
+    tokens = math.prod(shape[2:]) / _patch_area(dm)
+    dtype = str(model_compute_dtype(patcher)).replace("torch.", "")
+    label = type(patcher.model).__name__
+    figs = mp.module_figures(dm, lists, cast or None, label, dtype, act, 2.0 * params * tokens * batch)
+    return dataclasses.replace(figs, activation_min_bytes=_activation_bytes(patcher, list(shape)))
+
+
+def plan_tiles(vae, machine: mp.Machine, shape: list[int]) -> tuple[int | None, str]:
+    """Tile size for decoding ``shape`` with ``vae`` on ``machine`` (see
+    :func:`memorykit.memory_plan.choose_tile`); cost per latent pixel = core's
+    ``memory_used_decode`` for a 16×16 tile / 256, the cost model Tiled VAE uses."""
+    from .tiled_vae_io import vae_shape
+    vs = vae_shape(vae)
+    frames = shape[2] if len(shape) == 5 else None
+    probe = [1, vs.latent_channels] + ([frames] if frames else []) + [16, 16]
+    per = vae.memory_used_decode(probe, vae.vae_dtype) / 256.0
+    hw = (int(shape[-2]), int(shape[-1]))
+    if machine.gpu:
+        return mp.choose_tile(machine.vram_bytes, int(vae.patcher.model_size()), 0.0, per, hw, vs.spatial_factor,
+                              machine.reserve_vram_bytes)
+    return mp.choose_tile(int(0.9 * machine.ram_bytes), 0, 0.0, per, hw, vs.spatial_factor, 0)
+
+
+class PlannedVAE:
+    """Mixed into a copy of a ``comfy.sd.VAE`` (class swap, as Group Offload makes its patcher):
+    ``decode``/``encode`` run core's own ``decode_tiled``/``encode_tiled`` with the planned tile."""
+
+    memorykit_tile_px: int = 512
+    memorykit_overlap_px: int = 64
+
+    def decode(self, samples_in, *args, **kwargs):
+        s = int(self.spacial_compression_decode())
+        return self.decode_tiled(samples_in, tile_x=self.memorykit_tile_px // s, tile_y=self.memorykit_tile_px // s,
+                                 overlap=self.memorykit_overlap_px // s)
+
+    def encode(self, pixel_samples, *args, **kwargs):
+        return self.encode_tiled(pixel_samples, tile_x=self.memorykit_tile_px, tile_y=self.memorykit_tile_px,
+                                 overlap=self.memorykit_overlap_px)
+
+
+def planned_vae(vae, tile_px: int | None):
+    """``vae`` itself when ``tile_px`` is None, else a shallow copy (same weights and patcher)
+    whose decode/encode tile at ``tile_px`` and which carries ``memorykit_tile_px``."""
+    if tile_px is None:
+        return vae
+    n = copy.copy(vae)
+    base = next(c for c in type(vae).__mro__ if not issubclass(c, PlannedVAE))
+    n.__class__ = type(f"Planned{base.__name__}", (PlannedVAE, base), {})
+    n.memorykit_tile_px = int(tile_px)
+    n.memorykit_overlap_px = min(64, int(tile_px) // 4)
+    return n
+
+
+def apply_plan(model, plan: mp.Plan, disk_folder: str = ""):
+    """Apply ``plan.pick`` to ``model``: FP8 Layerwise Cast (defaults: float8_e4m3fn, per-tensor
+    scale, auto skip preset) and/or Group Offload (block_level, use_stream, RAM or disk, the
+    planned budget when the plan was measured here, else auto). Returns ``(MODEL, applied)``:
+    ``applied`` lists the infos of the nodes' own functions. The offload's run reports are not
+    sent to the node: its badge stays the plan's."""
+    pick, out, applied = plan.pick, model, {}
+    if pick.fp8:
+        out, applied["fp8"] = fp8_layerwise_cast(out)
+    if pick.offload_to is not None:
+        opts = GroupOffloadOptions(offload_type="block_level", num_blocks_per_group=1, use_stream=True,
+                                   offload_to=pick.offload_to)
+        budget = pick.vram_budget_bytes if plan.machine.source == "measured" and plan.machine.gpu else 0
+        out, applied["group_offload"] = prepare_group_offload(out, GroupOffloadSettings(
+            options=opts, vram_budget_bytes=int(budget), disk_folder=disk_folder))
+    return out, applied
+
+
+def memory_plan(model, vae=None, latent=None, plan_for: str = "this machine", vram_gb: float = 12.0,
+                ram_gb: float = 32.0, disk_gb: float = 100.0, allow_fp8: bool = True, prefer: str = "speed",
+                width: int = 1024, height: int = 1024, frames: int = 81, disk_folder: str = ""):
+    """The Memory Plan node: ``(MODEL, VAE or None, info)``. ``info``: the plan's dict, its text
+    table and sentences, ``applied`` (the FP8 / Group Offload infos). Raises
+    :class:`memorykit.memory_plan.PlanError` before anything is applied when nothing fits, and
+    ValueError for a bad option."""
+    if plan_for not in ("this machine", "given figures"):
+        raise ValueError(f"plan_for must be 'this machine' or 'given figures', got {plan_for!r}")
+    folder = disk_folder or default_disk_folder()
+    machine = (measure_machine(model, folder) if plan_for == "this machine"
+               else given_machine(vram_gb, ram_gb, disk_gb))
+    shape = latent_shape(latent, model, width, height, frames)
+    figures = model_figures(model, shape)
+    plan = mp.make_plan(machine, figures, mp.PlanOptions(allow_fp8=allow_fp8, prefer=prefer))
+    if vae is not None:
+        plan.tile_px, sentence = plan_tiles(vae, machine, shape)
+        plan.reasons.insert(-1, sentence)
+    out, applied = apply_plan(model, plan, disk_folder)
+    info = plan.as_dict() | {"latent_shape": shape, "applied": applied, "table": plan.table(),
+                             "badge": plan.badge()}
+    return out, (planned_vae(vae, plan.tile_px) if vae is not None else None), info
+
+
+def format_plan(info: dict) -> str:
+    """The report text: machine, the candidates table, one sentence per decision."""
+    m = info["machine"]
+    g = 2 ** 30
+    head = (f"Memory Plan for {info['model']['label']} ({info['model']['weight_bytes'] / g:.2f} GiB "
+            f"{info['model']['dtype']}, latent {info['latent_shape']}) on {m['source']} figures: "
+            f"VRAM {m['vram_bytes'] / g:.2f} GiB, RAM {m['ram_bytes'] / g:.2f} GiB, disk {m['disk_bytes'] / g:.1f} GiB, "
+            f"host→device {m['h2d_bytes_per_s'] / 1e9:.1f} GB/s, disk read {m['disk_read_bytes_per_s'] / 1e9:.1f} GB/s, "
+            f"{m['flops_per_s'] / 1e12:.1f} TFLOP/s")
+    return "\n".join([head, info["table"]] + [f"- {r}" for r in info["reasons"]])

@@ -1,0 +1,237 @@
+"""Hostile inputs and faults, in-process (issue 23, "Nothing lost, round 2"): each test names the
+item it covers. Technique-level cases use the pack's ``memorykit`` package imported by file
+(``memorykit_tech``); node-level ones the real ComfyUI in this process. The server cases
+(hangs, output nodes, NaN through JSON) are in ``test_hostile_inputs_server.py``."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+
+import pytest
+import torch
+
+from harness import paths
+from harness.tmpfs import small_tmpfs
+
+paths.technique_package()
+from memorykit_tech import leftovers, sharded, sharded_save, validation  # noqa: E402
+
+INDEX = "model.safetensors.index.json"
+
+
+def _tree(folder) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _hf_checkpoint(folder, n: int = 3) -> dict:
+    """A sharded checkpoint written by huggingface_hub itself (not by the pack)."""
+    from huggingface_hub import save_torch_state_dict
+    sd = {f"w{i}": torch.full((40, 40), float(i)) for i in range(n)}
+    folder.mkdir(parents=True, exist_ok=True)
+    save_torch_state_dict(sd, str(folder), max_shard_size="10KB")
+    return sd
+
+
+# -- item 1: a pattern with exponential backtracking is matched in linear time ------------------
+
+def test_item1_catastrophic_pattern_is_matched_in_linear_time():
+    """``(\\w+\\.?)+Z`` took exponential time per module name in ``re`` with the GIL held (the
+    server stopped answering). The skip-pattern matcher is an automaton: the same result as
+    ``re.search`` on short names, and a long name costs no more than a few milliseconds."""
+    import re
+    pat = validation.compile_pattern(r"(\w+\.?)+Z")
+    for name in ("a.Z", "output_blocks.1.0", "x" * 5 + "Z"):
+        assert pat.search(name) == bool(re.search(r"(\w+\.?)+Z", name))
+    # re.search needs ~2^40 steps on this 200-character name (it never returned); the automaton
+    # takes one step per character.
+    assert pat.search("output_blocks.2.1.transformer_blocks.0.attn1.to_q" * 4) is False
+    for bad, why in ((r"(a)\1", "backreferences"), (r"(?=a)b", "lookahead"), (r"\bproj", "word boundaries")):
+        with pytest.raises(ValueError, match=f"extra_skip_patterns: pattern .* uses {why}"):
+            validation.compile_pattern(bad)
+
+
+# -- item 6: a comma inside a regex does not split it ------------------------------------------
+
+def test_item6_comma_inside_a_quantifier_is_not_a_separator(fp8):
+    assert fp8.parse_patterns(r"blocks\.{0,1}0\.") == [r"blocks\.{0,1}0\."]
+    assert fp8.parse_patterns(r"a\.b, [,;]x, (p|q){1,2}r" + "\n# note\nlast\\,one") == \
+        [r"a\.b", "[,;]x", "(p|q){1,2}r", r"last\,one"]
+    model = torch.nn.Module()
+    model.blocks = torch.nn.ModuleList([torch.nn.ModuleDict({"proj": torch.nn.Linear(4, 4)}) for _ in range(2)])
+    plan = fp8.plan_layers(model, fp8.parse_patterns(r"blocks\.{0,1}0\."))
+    assert plan.kept == {"blocks.0.proj": r"blocks\.{0,1}0\."} and plan.cast == ["blocks.1.proj"]
+
+
+# -- item 3: overwrite never replaces a checkpoint the pack did not write ----------------------
+
+def test_item3_overwrite_refuses_a_huggingface_checkpoint(tmp_path):
+    folder = tmp_path / "hf_model"
+    _hf_checkpoint(folder)
+    names = sorted(p.name for p in folder.iterdir())
+    assert INDEX in names and "model-00001-of-00003.safetensors" in names  # exactly a save's file names
+    before = _tree(folder)
+    with pytest.raises(FileExistsError, match=r"not a sharded checkpoint written by Save Sharded.*marker"):
+        sharded_save.save_sharded({"x": torch.ones(3)}, folder, overwrite=True)
+    assert _tree(folder) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf_model"]  # no temporary folder left
+
+
+def test_item3_an_earlier_save_is_recognised_by_its_marker(tmp_path):
+    folder = tmp_path / "ours"
+    sharded_save.save_sharded({"x": torch.ones(3)}, folder)
+    marker = json.loads((folder / ".memorykit-save.json").read_text())
+    assert marker["files"] == sorted(["model-00001-of-00001.safetensors", INDEX])
+    (folder / "notes.txt").write_text("mine")
+    sharded_save.save_sharded({"y": torch.ones(2)}, folder, overwrite=True)
+    assert torch.equal(sharded.load_state_dict(folder)[0]["y"], torch.ones(2))
+    assert (folder / "notes.txt").read_text() == "mine"
+    # Without its marker (as a save of an earlier pack version) the folder is refused, with the way out.
+    (folder / ".memorykit-save.json").unlink()
+    before = _tree(folder)
+    with pytest.raises(FileExistsError, match="delete or move it yourself"):
+        sharded_save.save_sharded({"z": torch.ones(1)}, folder, overwrite=True)
+    assert _tree(folder) == before
+
+
+# -- item 9: a corrupted leftovers list is recovered, not an error -----------------------------
+
+def test_item9_non_utf8_leftovers_list_is_recovered(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    good = {"path": str(tmp_path / "gone"), "pid": 1, "boot_id": "another-boot"}
+    (state / leftovers.LIST_NAME).write_bytes(b"\xff\xfe\x80 not utf-8 \xc3\x28\n" + json.dumps(good).encode() + b"\n")
+    leftovers.configure(state)
+    try:
+        path = leftovers.make_folder("memorykit-offload-T-", tmp_path)  # raised UnicodeDecodeError
+        text = (state / leftovers.LIST_NAME).read_text(encoding="utf-8")  # rewritten as valid UTF-8
+        assert path in text and "not utf-8" not in text
+        leftovers.remove_folder(path)
+        assert leftovers.remove_stale() == []  # the good entry's folder does not exist: dropped, nothing deleted
+    finally:
+        leftovers.configure(None)
+
+
+# -- item 10: bad shard names and a dangling index are clear errors ----------------------------
+
+@pytest.mark.parametrize("bad_name,needle", [
+    ("model-00001\x00-of-00003.safetensors", "control character"),
+    ("m" * 300 + "-00001.safetensors", "bytes long"),
+])
+def test_item10_bad_shard_name_is_a_clear_error(tmp_path, bad_name, needle):
+    folder = tmp_path / "ckpt"
+    _hf_checkpoint(folder)
+    index = json.loads((folder / INDEX).read_text())
+    index["weight_map"]["w1"] = bad_name
+    (folder / INDEX).write_text(json.dumps(index))
+    with pytest.raises(sharded.ShardedCheckpointError, match=needle) as e:
+        sharded.read_index(folder)
+    assert "fix the index" in str(e.value)
+
+
+def test_item10_dangling_index_symlink_is_a_clear_error(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / INDEX).symlink_to(tmp_path / "elsewhere" / INDEX)
+    assert sharded.list_sharded(tmp_path) == ["ckpt"]
+    with pytest.raises(sharded.ShardedCheckpointError, match="is a symlink to .*which does not exist"):
+        sharded.read_index(folder)
+
+
+def test_item2_fifo_and_device_index_are_refused_before_reading(tmp_path):
+    """(The server case, a FIFO blocking the worker for ever, is in the server tests.)"""
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / INDEX)
+    zero = tmp_path / "zero"
+    zero.mkdir()
+    (zero / INDEX).symlink_to("/dev/zero")
+    big = tmp_path / "big"
+    big.mkdir()
+    with open(big / INDEX, "wb") as f:
+        f.truncate(sharded.MAX_INDEX_BYTES + 1)  # sparse: no disk used
+    for folder, needle in ((fifo, "a FIFO"), (zero, "a character device"), (big, "MiB is read")):
+        with pytest.raises(sharded.ShardedCheckpointError, match=needle):
+            sharded.read_index(folder)
+
+
+# -- item 11: Save Sharded's destination problems are clear errors before any write -------------
+
+def _remount_ro(path) -> None:
+    r = subprocess.run(["mount", "-o", "remount,ro", str(path)], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        pytest.skip(f"cannot remount read-only: {r.stderr.strip()}")
+
+
+def test_item11_read_only_folder(tmp_path):
+    with small_tmpfs(tmp_path / "ro", "4m") as ro:
+        _remount_ro(ro)
+        with pytest.raises(OSError, match=r"name: .*read-only"):
+            sharded_save.save_sharded({"x": torch.ones(3)}, ro / "model")
+        assert list(ro.iterdir()) == []
+
+
+def test_item11_full_disk_is_refused_before_writing(tmp_path):
+    with small_tmpfs(tmp_path / "full", "1m") as full:
+        sd = {f"w{i}": torch.ones(256, 256) for i in range(4)}  # 1 MiB of tensors on a 1 MiB disk
+        with pytest.raises(OSError, match="not enough free space") as e:
+            sharded_save.save_sharded(sd, full / "model", max_shard_size="300KB")
+        assert e.value.errno == 28  # ENOSPC, raised by the check: nothing was written
+        assert list(full.iterdir()) == []
+
+
+def test_item11_a_file_in_the_way_and_a_path_over_path_max(tmp_path):
+    (tmp_path / "afile").write_text("user data")
+    with pytest.raises(ValueError, match=r"name: 'afile' in the name is an existing file"):
+        sharded_save.save_sharded({"x": torch.ones(3)}, tmp_path / "afile" / "model")
+    with pytest.raises(ValueError, match=r"name: .*bytes long; this file system allows paths up to"):
+        sharded_save.save_sharded({"x": torch.ones(3)}, tmp_path.joinpath(*["d" * 200] * 25))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+# -- items 12, 13: Tiled VAE's numbers and batch; temporal fields only where they matter --------
+
+TILE_DEFAULTS = {"tile_size": 64, "overlap": 16, "temporal_size": 64, "temporal_overlap": 8, "memory_budget_gb": 0.0,
+                 "shared_norm_stats": True, "global_context": True}
+
+
+@pytest.fixture(scope="module")
+def vaes(comfy, fixture_models):
+    import comfy.sd
+    import comfy.utils
+    sd = comfy.utils.load_torch_file(str(fixture_models["sd15"]))
+    sd_vae = comfy.sd.VAE(sd={k[len("first_stage_model."):]: v for k, v in sd.items()
+                              if k.startswith("first_stage_model.")})
+    return {"sd": sd_vae, "wan": comfy.sd.VAE(sd=comfy.utils.load_torch_file(str(fixture_models["wan_vae"])))}
+
+
+def test_item12_nan_budget_and_empty_batch_are_refused(vaes):
+    from comfyui_memorykit.nodes.tiled_vae import TiledVAEDecode, TiledVAEEncode
+    z = {"samples": torch.randn(1, 4, 8, 8)}
+    for bad in (math.nan, math.inf):
+        with pytest.raises(ValueError, match="memory_budget_gb is .*not a finite number"):
+            TiledVAEDecode.execute(z, vaes["sd"], **dict(TILE_DEFAULTS, memory_budget_gb=bad))
+    with pytest.raises(ValueError, match="samples: the LATENT holds no items"):
+        TiledVAEDecode.execute({"samples": torch.randn(0, 4, 8, 8)}, vaes["sd"], **TILE_DEFAULTS)
+    with pytest.raises(ValueError, match="pixels: the IMAGE holds no items"):
+        TiledVAEEncode.execute(torch.rand(0, 64, 64, 3), vaes["sd"], **TILE_DEFAULTS)
+
+
+@pytest.mark.parametrize("which,shape", [("sd", (1, 4, 8, 8)), ("wan", (1, 16, 2, 4, 4))])
+def test_item13_temporal_fields_are_ignored_where_time_is_not_cut(vaes, which, shape):
+    """An image VAE has no time; Wan's VAE runs time causally with its cache: temporal_size 1
+    (with the default temporal_overlap 8) does nothing there and is not refused."""
+    from comfyui_memorykit.nodes.tiled_vae import TiledVAEDecode
+    with torch.inference_mode():
+        out = TiledVAEDecode.execute({"samples": torch.randn(shape)}, vaes[which],
+                                     **dict(TILE_DEFAULTS, temporal_size=1))
+    images = out.args[0]
+    assert images.shape[-1] == 3 and torch.isfinite(images).all()
+
+
+def test_item13_temporal_fields_are_still_checked_where_time_is_cut():
+    from memorykit_tech import tiled_vae as tv
+    cut = tv.VAEShape(latent_channels=16, spatial_factor=8, time_factor=4, causal_time=True, time_cache=False)
+    with pytest.raises(ValueError, match="temporal_overlap"):
+        tv.make_plan(cut, "decode", (3, 8, 8), 64, 16, temporal_size=1, temporal_overlap=8)

@@ -1,0 +1,129 @@
+"""Memory Plan on the CPU with the small generated models: each candidate, applied with the
+nodes' own code, holds the bytes the plan predicted (tracked tensor bytes, within 10 %), runs a
+forward without failing for memory, and the VAE output decodes in the planned tiles."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def _tensor_bytes(ts) -> int:
+    seen, n = set(), 0
+    for t in ts:
+        key = t.untyped_storage().data_ptr() if t.device.type == "cpu" and t.numel() else id(t)
+        if key not in seen:
+            seen.add(key)
+            n += t.untyped_storage().nbytes() if t.numel() else 0
+    return n
+
+
+def _held_by_model(patcher) -> int:
+    """CPU tensor bytes the model holds: its tree as ComfyUI runs it, the object patches and the
+    layers they replaced (kept for the input MODEL), each storage once."""
+    dm = patcher.model.diffusion_model
+    ts = [t for t in list(dm.parameters()) + list(dm.buffers()) if t.device.type == "cpu"]
+    for obj in list(patcher.object_patches.values()) + list(patcher.object_patches_backup.values()):
+        if isinstance(obj, torch.nn.Module):
+            ts += [t for t in list(obj.parameters()) + list(obj.buffers()) if t.device.type == "cpu"]
+    return _tensor_bytes(ts)
+
+
+@pytest.fixture(scope="module")
+def io(comfy):
+    from comfyui_memorykit.memorykit.comfy_integration import memory_plan_io
+    return memory_plan_io
+
+
+@pytest.mark.parametrize("key", ["sd15", "wan"])
+def test_each_candidate_holds_what_it_predicted(comfy, io, loaded, key, tmp_path):
+    import comfy.model_management as mm
+    from comfyui_memorykit.memorykit import memory_plan as mp
+    lm = loaded(key)
+    shape = [1] + list(lm.args[0].shape[1:])
+    figures = io.model_figures(lm.patcher, shape)
+    machine = io.measure_machine(lm.patcher, str(tmp_path))
+    assert not machine.gpu and machine.ram_bytes > figures.weight_bytes
+    plan = mp.make_plan(machine, figures)
+    names = {c.name for c in plan.candidates}
+    assert {"as loaded", "fp8 resident", "stream from disk"} <= names, names
+    w = figures.weight_bytes
+    assert abs(_held_by_model(lm.patcher) - w) <= 0.1 * w  # the figures read the model right
+    for cand in plan.candidates:
+        assert cand.fits, (cand.name, cand.short)
+        plan.pick = cand
+        out, _ = io.apply_plan(lm.patcher, plan, str(tmp_path))
+        try:
+            mm.load_models_gpu([out])
+            held = _held_by_model(out)
+            if cand.offload_to == "disk":  # the streamed groups' files; RAM keeps the staging copies
+                disk = sum(f.stat().st_size for f in tmp_path.rglob("*.safetensors"))
+                assert abs(disk - cand.disk_bytes) <= 0.1 * cand.disk_bytes + (64 << 10), (cand.name, disk, cand.disk_bytes)
+                # RAM: diffusers' disk groups keep uninitialised placeholders of every streamed tensor
+                # (address space, pages never touched), so tracked tensor bytes cannot show the saving.
+            else:  # RAM held: the loaded weights (+ the fp8 copies); the peak adds activations or scratch
+                want = w + (figures.fp8_added if cand.fp8 else 0)
+                assert abs(held - want) <= 0.1 * want, (cand.name, held, want)
+            with torch.no_grad():
+                y = out.model.diffusion_model(*lm.args, **lm.kwargs)
+            assert torch.isfinite(y).all()
+            if not cand.fp8:
+                assert torch.equal(y, lm.reference), cand.name
+        finally:
+            mm.unload_all_models()
+            del out
+    lm.assert_restored()
+
+
+def test_planned_vae_decodes_in_tiles_without_changing_the_input(comfy, io, fixture_models):
+    import comfy.sd
+    import comfy.utils
+    from comfyui_memorykit.memorykit import memory_plan as mp
+    vae = comfy.sd.VAE(sd=comfy.utils.load_torch_file(str(fixture_models["wan_vae"])))
+    z = torch.randn(1, 16, 2, 16, 16, generator=torch.Generator().manual_seed(3))
+    tile, sentence = io.plan_tiles(vae, mp.Machine(vram_bytes=0, ram_bytes=1 << 40, disk_bytes=0), list(z.shape))
+    assert tile is None and "no tiles" in sentence  # a terabyte of RAM: whole
+    whole = vae.memory_used_decode([1, 16, 2, 16, 16], vae.vae_dtype)  # Tiled VAE's cost model: ∝ latent pixels
+    ram = int(whole / 2 / 0.9)  # half the whole image's cost: 64 px tiles (a quarter) fit, 128 px do not
+    tile, sentence = io.plan_tiles(vae, mp.Machine(vram_bytes=0, ram_bytes=ram, disk_bytes=0), list(z.shape))
+    assert tile == 64 and "tiles of 64 px" in sentence, sentence
+    out = io.planned_vae(vae, 64)
+    assert out is not vae and type(vae) is comfy.sd.VAE and not hasattr(vae, "memorykit_tile_px")
+    assert out.first_stage_model is vae.first_stage_model and out.memorykit_tile_px == 64
+    with torch.inference_mode():  # as ComfyUI runs nodes (0.33's tiled 3-D decode writes in place)
+        assert torch.equal(out.decode(z), vae.decode_tiled(z, tile_x=8, tile_y=8, overlap=2))
+    assert io.planned_vae(out, 128).memorykit_tile_px == 128 and out.memorykit_tile_px == 64
+
+
+def test_fp8_plan_process_ram_matches_prediction(comfy, io, loaded, tmp_path):
+    """Process RAM (VmHWM) while FP8 is applied and the model runs: the peak above the RSS before
+    is the fp8 copies the plan predicted (Flux-shaped model, 0.55 B parameters: big enough that
+    the allocator's noise is small), within 10 % of the predicted peak RAM."""
+    import gc
+
+    import comfy.model_management as mm
+    from comfyui_memorykit.memorykit import memory_plan as mp
+    from comfyui_memorykit.memorykit.memory import host_memory, reset_host_peak
+    lm = loaded("flux")
+    figures = io.model_figures(lm.patcher, [1] + list(lm.args[0].shape[1:]))
+    plan = mp.make_plan(io.measure_machine(lm.patcher, str(tmp_path)), figures)
+    plan.pick = next(c for c in plan.candidates if c.name == "fp8 resident")
+    gc.collect()
+    if not reset_host_peak():
+        pytest.skip("this kernel does not let the RSS high-water mark be reset (/proc/self/clear_refs)")
+    rss0 = host_memory().rss_bytes
+    out, _ = io.apply_plan(lm.patcher, plan, str(tmp_path))
+    try:
+        mm.load_models_gpu([out])
+        with torch.no_grad():
+            assert torch.isfinite(out.model.diffusion_model(*lm.args, **lm.kwargs)).all()
+        grown = host_memory().rss_peak_bytes - rss0
+    finally:
+        mm.unload_all_models()
+        del out
+        gc.collect()
+    predicted = plan.pick.peak_ram_bytes  # loaded weights (in rss0) + fp8 copies + max(activations, scratch)
+    print(f"fp8 plan: predicted peak RAM {predicted / 2**20:.0f} MiB = weights {figures.weight_bytes / 2**20:.0f} + "
+          f"fp8 copies {figures.fp8_added / 2**20:.0f} + max(activations {figures.activations / 2**20:.0f}, "
+          f"quantising scratch {figures.fp8_work_bytes / 2**20:.0f}); measured "
+          f"weights + RSS growth {(figures.weight_bytes + grown) / 2**20:.0f} MiB (growth {grown / 2**20:.0f} MiB)")
+    assert abs(figures.weight_bytes + grown - predicted) <= 0.1 * predicted

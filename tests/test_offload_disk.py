@@ -1,0 +1,101 @@
+"""Disk offload (Group Offload, Balanced Device Map) never leaves the plain model depending on the
+pack's files (issue 23 items 4, 5, 8; issue 24's disk part), in-process with a real ComfyUI.
+
+The offloaded weights live in a file without a name (``memorykit/offload_store.py``), streamed
+by the event ring (Group Offload) or handed to accelerate as views of its mapping (device map):
+removing the offload folder changes nothing, the shared module holds the real values between
+forwards (what a save reads), and removal restores them. NextDiT (Z-Image, Lumina 2) and Cosmos
+Predict2 read their ``q_norm``/``k_norm`` weights without calling the norms (ComfyUI 0.33):
+leaf_level to disk was NaN there with diffusers' hooks; the ring keeps such weights resident.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from harness import zoo
+
+NORM_READERS = ["z_image", "lumina2", "cosmos_predict2"]
+
+
+def _go_settings(ci, folder, offload_type="leaf_level"):
+    from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
+    return ci.GroupOffloadSettings(GroupOffloadOptions(offload_type=offload_type, offload_to="disk"),
+                                   disk_folder=str(folder))
+
+
+@pytest.mark.parametrize("name", NORM_READERS)
+def test_leaf_level_to_disk_equals_plain_on_models_that_read_norm_weights(ci, tmp_path, name):
+    import comfy.model_management as mm
+    why = zoo.available(name)
+    if why:
+        pytest.skip(why)
+    plain = zoo.build(name)
+    args = zoo.inputs(name, plain.model)
+    ref = zoo.forward(plain, name, args)
+    n, _ = ci.prepare_group_offload(plain, _go_settings(ci, tmp_path))
+    mm.load_models_gpu([n])
+    try:
+        out = zoo.forward(n, name, args)
+        diff = (out - ref).abs().max().item()
+        print(f"{name} leaf_level disk: max abs diff vs plain {diff}")
+        assert torch.equal(out, ref), f"{name}: max abs difference {diff} (NaN: {out.isnan().any().item()})"
+    finally:
+        mm.unload_all_models()
+    assert torch.equal(zoo.forward(plain, name, args), ref)
+    assert os.listdir(tmp_path) == []
+
+
+def test_group_offload_disk_weights_do_not_depend_on_the_folder(ci, loaded, tmp_path):
+    """The folder is deleted while the offload is applied (a ComfyUI start wiping its temp
+    folder, a user emptying it): the offloaded forward, the weights a save reads, the restore
+    and the plain model afterwards are all the real ones (was: FileNotFoundError, then NaN)."""
+    from comfyui_memorykit.memorykit import offload
+    from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
+    m = loaded("wan")
+    h = offload.apply_group_offload(m.dm, "cpu", "cpu", options=GroupOffloadOptions(offload_to="disk"),
+                                    block_lists=m.block_lists(), disk_folder=tmp_path, disk_tag="wan")
+    try:
+        assert torch.equal(m.forward(), m.reference)
+        shutil.rmtree(h.disk_dir)
+        assert os.listdir(tmp_path) == []
+        with safe_open(str(m.path), framework="pt") as f:  # what a save of the placed model reads
+            for k, v in m.dm.state_dict().items():
+                assert torch.equal(v, f.get_tensor(k)), k
+        assert torch.equal(m.forward(), m.reference)
+    finally:
+        offload.remove_group_offload(h)
+    m.assert_restored()
+    assert torch.equal(m.forward(), m.reference)
+
+
+def test_device_map_disk_weights_do_not_depend_on_the_folder(comfy, loaded, tmp_path):
+    """Balanced Device Map's disk entries: no ``.dat`` file to remove or truncate; deleting the
+    offload folder while mapped leaves the forward and the restore exact."""
+    from comfyui_memorykit.memorykit import device_dispatch
+    m = loaded("wan")
+    before = {k: v.clone() for k, v in m.dm.state_dict().items()}
+    handle = device_dispatch.dispatch_device_map(m.dm, {"": "disk"}, str(tmp_path))
+    try:
+        shutil.rmtree(handle.offload_dir)
+        assert torch.equal(m.forward(), m.reference)
+    finally:
+        handle.remove()
+    assert all(torch.equal(v, before[k]) for k, v in m.dm.state_dict().items())
+    assert os.listdir(tmp_path) == []
+    assert torch.equal(m.forward(), m.reference)
+
+
+def test_default_disk_folder_is_not_comfyui_temp_folder(ci):
+    """ComfyUI empties its temp folder at every start (a second server beside a running one
+    deleted the first one's offload files): the default lives in the pack's state directory."""
+    import folder_paths
+    path = ci.offload_patcher.default_disk_folder()
+    assert os.path.isdir(path)
+    temp = os.path.abspath(folder_paths.get_temp_directory())
+    assert not os.path.abspath(path).startswith(temp + os.sep) and os.path.abspath(path) != temp
+    assert os.path.abspath(path).startswith(os.path.abspath(folder_paths.get_user_directory()) + os.sep)
