@@ -31,6 +31,8 @@ import torch
 from accelerate.utils import (compute_module_sizes, convert_file_size_to_int, get_balanced_memory,
                               get_max_memory, infer_auto_device_map)
 
+from .offload_plan import block_parents
+
 Device = Union[int, str]
 STRATEGIES = ("balanced", "balanced_low_0", "sequential")
 OFFLOAD_DEVICES = ("cpu", "disk")
@@ -146,7 +148,9 @@ def parse_max_memory(text: str) -> MaxMemory:
 
 def block_classes(module: torch.nn.Module, descend_into: Iterable[str] = ()) -> list[str]:
     """Class names of the blocks of ``module``: the classes of the children of its direct
-    ``nn.ModuleList`` children (transformer blocks, UNet blocks), in order of first appearance.
+    ``nn.ModuleList`` children (transformer blocks, UNet blocks), and of its wrappers'
+    (:func:`memorykit.offload_plan.block_parents`: Stable Audio's ``transformer.layers``), in
+    order of first appearance.
 
     A class named in ``descend_into`` is replaced by the classes of its own children (for
     containers whose forward is never called as a whole). Used as accelerate's
@@ -157,16 +161,17 @@ def block_classes(module: torch.nn.Module, descend_into: Iterable[str] = ()) -> 
 
     def add(m: torch.nn.Module) -> None:
         name = type(m).__name__
-        if name in descend:
+        if name in descend or isinstance(m, torch.nn.ModuleList):  # a ModuleList never runs as a whole
             for c in m.children():
                 add(c)
         elif name not in out:
             out.append(name)
 
-    for child in module.children():
-        if isinstance(child, torch.nn.ModuleList):
-            for block in child:
-                add(block)
+    for _, parent in block_parents(module):
+        for child in parent.children():
+            if isinstance(child, torch.nn.ModuleList):
+                for block in child:
+                    add(block)
     return out
 
 

@@ -116,13 +116,51 @@ def module_tensors(module: nn.Module) -> list[torch.Tensor]:
     return out
 
 
+def block_parents(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``module`` and its *wrappers*, ``[(qualified_name, module), ...]`` (root ``""`` first):
+    the modules whose list children hold the blocks.
+
+    A wrapper is a child that is not a list, has an ``nn.ModuleList`` child, and either holds at
+    least half of its parent's tensor bytes or its parent has no ``nn.ModuleList`` child of its
+    own (Stable Audio's ``transformer``, whose ``layers`` are 99 % of the full-size weights);
+    wrappers are looked for again inside each wrapper. Without them the block rule, which looks
+    at direct children only, finds no block in such a model."""
+    out = [("", module)]
+    i = 0
+    while i < len(out):
+        name, parent = out[i]
+        total = tensor_bytes(module_tensors(parent))
+        flat = not any(isinstance(c, nn.ModuleList) for c in parent.children())
+        for cn, child in parent.named_children():
+            if (not isinstance(child, (nn.ModuleList, nn.Sequential))
+                    and any(isinstance(c, nn.ModuleList) for c in child.children())
+                    and (flat or 2 * tensor_bytes(module_tensors(child)) >= total)):
+                out.append((f"{name}.{cn}" if name else cn, child))
+        i += 1
+    return out
+
+
 def default_block_lists(module: nn.Module) -> BlockLists:
     """diffusers' block_level rule: the elements of every direct ``ModuleList``/``Sequential``
-    child, as ``[(child_name, [(qualified_name, block), ...]), ...]`` in module order."""
+    child, as ``[(child_name, [(qualified_name, block), ...]), ...]`` in module order; the same
+    inside each wrapper of :func:`block_parents` (``transformer.layers``). The elements of a
+    nested ``ModuleList`` are blocks themselves (:func:`_list_blocks`)."""
     out = []
-    for name, child in module.named_children():
-        if isinstance(child, (nn.ModuleList, nn.Sequential)) and len(child) > 0:
-            out.append((name, [(f"{name}.{i}", b) for i, b in enumerate(child)]))
+    for prefix, parent in block_parents(module):
+        for name, child in parent.named_children():
+            if isinstance(child, (nn.ModuleList, nn.Sequential)) and len(child) > 0:
+                qn = f"{prefix}.{name}" if prefix else name
+                out.append((qn, _list_blocks(qn, child)))
+    return out
+
+
+def _list_blocks(qn: str, lst: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The elements of a list; an element that is itself an ``nn.ModuleList`` (Stable Cascade's
+    ``down_blocks``, a list of lists) is replaced by its elements: a ModuleList has no forward,
+    so only its elements ever run."""
+    out = []
+    for i, b in enumerate(lst):
+        out += _list_blocks(f"{qn}.{i}", b) if isinstance(b, nn.ModuleList) else [(f"{qn}.{i}", b)]
     return out
 
 

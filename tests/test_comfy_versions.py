@@ -84,7 +84,7 @@ def test_sharded_model_through_group_offload_and_device_map_equals_plain(sharded
     paths = {m["name"]: m["memory_path"] for m in ci.loaded_models()}
     assert paths["BaseModel"] == "MemoryKit group offload", paths
     mm.unload_all_models()
-    mapped, rep, _ = ci.device_map_model(sharded_unet, "balanced", "cpu=1MiB, disk", str(tmp_path))
+    mapped, rep, _ = ci.device_map_model(sharded_unet, "balanced", "cpu=8MiB, disk", str(tmp_path))
     assert mapped.model is sharded_unet.model and "disk" in rep["device_map"].values()
     out = _forward(mapped)
     assert rel(out, ref) == 0.0

@@ -42,7 +42,7 @@ def _group_offload(plain, folder):
 
 def _device_map(plain, folder):
     from comfyui_memorykit.memorykit import comfy_integration as ci
-    return ci.device_map_model(plain, "balanced", "cpu=1MiB, disk", str(folder))[0]
+    return ci.device_map_model(plain, "balanced", "cpu=3MiB, disk", str(folder))[0]
 
 
 PLACEMENTS = {"group_offload": _group_offload, "device_map": _device_map}

@@ -56,7 +56,7 @@ def _go(model, folder) -> dict:
         "disk_folder": str(folder)}}
 
 
-def _dm(model, folder, max_memory="cpu=1MiB, disk") -> dict:
+def _dm(model, folder, max_memory="cpu=3MiB, disk") -> dict:
     return {"class_type": "MemoryKitBalancedDeviceMap", "inputs": {
         "model": model, "strategy": "balanced", "max_memory": max_memory, "offload_folder": str(folder),
         "custom_device_map": ""}}
@@ -121,7 +121,7 @@ def test_device_map_is_reused_when_nothing_changed(server, tmp_path):
 
 
 def test_fp8_after_a_device_map_run_is_float8(server, tmp_path):
-    """Item 7: UNETLoader → FP8 → KSampler; UNETLoader → Balanced Device Map (cpu=1MiB, disk) →
+    """Item 7: UNETLoader → FP8 → KSampler; UNETLoader → Balanced Device Map (cpu=3MiB, disk) →
     KSampler; then FP8 Layerwise Cast of the same model must still cast (and compute in bf16)."""
     _unload(server)
     plain = _latents(server, server.run(_prompt({}, {"x": ["1", 0]}, tag="pl7plain")))["x"]

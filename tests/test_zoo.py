@@ -27,7 +27,6 @@ from harness import zoo
 
 FP8_MAX_REL = 0.1  # relative L2 error of the diffusion model's output; measured 0.00-0.04 on the zoo (docs/models.md)
 # Known failures fixed on this branch (the marks go with the fix).
-DEEP_BLOCKS = {"stable_audio"}  # its layers sit in transformer.layers: no block found
 _FIGURES: dict[str, dict[str, str]] = {}
 
 
@@ -110,14 +109,14 @@ def figures_table():
             json.dump({"comfyui": comfyui_version.__version__, "figures": _FIGURES}, f, indent=1)
 
 
-def _xfail_disk_leaf(request, arch: Arch, offload_type: str) -> None:
-    """Disk leaf_level reads the placeholders of weights a block reads without calling their
-    module: the q/k norms of Z-Image, Lumina 2 and Cosmos Predict2 on ComfyUI 0.33 (its fused
-    RoPE kernel; 0.3.75 calls the norms). Fixed on branch lost-place."""
-    reads = zoo.reads_outside_forward(arch.base, arch.name) if offload_type == "leaf_level" else []
-    if any(r.endswith(("q_norm.weight", "k_norm.weight")) for r in reads):
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="disk leaf-level reads placeholders; fixed on branch lost-place"))
+def _loaded_forward(arch: Arch, patcher) -> torch.Tensor:
+    """Load ``patcher`` as sampling does (``load_models_gpu``), one forward, then unload all."""
+    import comfy.model_management as mm
+    try:
+        mm.load_models_gpu([patcher])
+        return arch.forward(patcher)
+    finally:
+        mm.unload_all_models()
 
 
 @pytest.mark.parametrize("offload_type", ["block_level", "leaf_level"])
@@ -139,28 +138,19 @@ def test_event_ring_is_bit_exact(arch, offload_type):
 
 
 @pytest.mark.parametrize("offload_type", ["block_level", "leaf_level"])
-def test_disk_offload_is_bit_exact(request, arch, offload_type, tmp_path):
-    import comfy.model_management as mm
+def test_disk_offload_is_bit_exact(arch, offload_type, tmp_path):
     from comfyui_memorykit.memorykit import comfy_integration as ci
     from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
-    _xfail_disk_leaf(request, arch, offload_type)
     settings = ci.GroupOffloadSettings(GroupOffloadOptions(offload_type=offload_type, offload_to="disk"),
                                        disk_folder=str(tmp_path))
     n, _ = ci.prepare_group_offload(arch.patcher, settings)
-    try:
-        mm.load_models_gpu([n])
-        out = arch.forward(n)
-    finally:
-        mm.unload_all_models()
+    out = _loaded_forward(arch, n)
     assert os.listdir(tmp_path) == []
     arch.assert_restored()
     _exact(arch, f"disk {offload_type}", out)
 
 
-def test_device_map_cpu_and_disk_is_bit_exact(request, arch, tmp_path):
-    if arch.name in DEEP_BLOCKS:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="no block found: nothing goes to disk"))
-    import comfy.model_management as mm
+def test_device_map_cpu_and_disk_is_bit_exact(arch, tmp_path):
     from comfyui_memorykit.memorykit import comfy_integration as ci
     from comfyui_memorykit.memorykit import device_map as dmap
     blocks = dmap.block_names(arch.dm, dmap.block_classes(arch.dm))
@@ -170,11 +160,7 @@ def test_device_map_cpu_and_disk_is_bit_exact(request, arch, tmp_path):
     per = rep["bytes_per_device"]
     assert per.get("cpu", 0) <= cpu, f"{arch.name}: plan puts {per.get('cpu')} B on cpu against cpu={cpu}B"
     assert set(per) == {"cpu", "disk"}, f"{arch.name}: {per} (blocks: {blocks})"
-    try:
-        mm.load_models_gpu([clone])
-        out = arch.forward(clone)
-    finally:
-        mm.unload_all_models()
+    out = _loaded_forward(arch, clone)
     assert os.listdir(tmp_path) == []
     arch.assert_restored()
     _exact(arch, "device map", out)
@@ -194,7 +180,7 @@ def test_fp8_layerwise_cast_error_is_bounded(arch):
     arch.assert_restored()
     share = info["cast_params"] * 4 / info["weight_bytes_before"]  # the zoo is float32: 4 bytes a weight
     err = float((raw - arch.raw_reference).norm() / arch.raw_reference.norm())
-    _record(arch, "fp8", f"rel {err:.3f}, {share:.0%} bytes cast")
+    _record(arch, "fp8", f"rel {err:.2g}, {share:.0%} bytes cast")
     print(f"\n{arch.name}: fp8 e4m3 relative L2 error {err:.4f}, {share:.1%} of weight bytes cast "
           f"({info['cast_layers']} layers cast, {len(info['kept_layers'])} kept)")
     assert torch.isfinite(out).all() and torch.isfinite(raw).all()

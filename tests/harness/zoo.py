@@ -13,7 +13,8 @@ Public names (stable; other tests and branches use them):
   ``"flux"``, ``"flux2"``, ``"chroma"``, ``"qwen_image"``, ``"z_image"``, ``"lumina2"``,
   ``"hunyuan_video"``, ``"hunyuan_video15"``, ``"ltxv"``, ``"wan21"``, ``"wan22"``,
   ``"hidream"``, ``"kandinsky5"``, ``"auraflow"``, ``"pixart_sigma"``, ``"mochi"``,
-  ``"cogvideox"``, ``"cosmos_predict2"``, ``"ace_step"``, ``"stable_audio"``, ``"hunyuan3d2"``).
+  ``"cogvideox"``, ``"cosmos_predict2"``, ``"ace_step"``, ``"stable_audio"``, ``"hunyuan3d2"``,
+  ``"hunyuan_dit"``, ``"omnigen2"``, ``"stable_cascade_c"``; new names are only appended).
 - ``available(name) -> str | None``: None when this ComfyUI can build ``name``, else the reason
   (the supported-model class it lacks) -- tests skip with it.
 - ``build(name) -> comfy.model_patcher.ModelPatcher``: a fresh tiny model (load and offload
@@ -24,11 +25,14 @@ Public names (stable; other tests and branches use them):
 - ``forward(patcher_or_base_model, name, inputs=None) -> Tensor``: that forward under
   ``torch.no_grad()``.
 - ``SPECS[name].supported_model``: the ``comfy.supported_models`` class name used.
+- ``seconds_embedders()``: the state dict of Stable Audio's seconds conditioners (``get_model`` reads it).
+- ``version_config(supported_model, config)``: ``config`` for this core (keys its params dataclass lacks dropped).
+- ``reads_outside_forward(model, name)``: parameters one forward reads outside their module's forward.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -49,7 +53,7 @@ class Spec:
     post_build: Callable | None = None  # (diffusion_model, operations) -> None: shrink a fixed-size part
 
 
-def _seconds_embedders() -> dict:
+def seconds_embedders() -> dict:
     """Stable Audio's two seconds conditioners (output 768 is fixed in ``StableAudio1``), as
     ``get_model`` reads them from a checkpoint."""
     from comfy.ldm.audio.embedders import NumberConditioner
@@ -197,11 +201,27 @@ SPECS: dict[str, Spec] = {
         extra=lambda g: {"conditioning_lyrics": torch.randint(0, 64, (1, 8), generator=g)}),
     "stable_audio": Spec("StableAudio", {
         "audio_model": "dit1.0", "io_channels": 8, "embed_dim": 64, "depth": 2, "num_heads": 2,
-        "cond_token_dim": 768, "global_cond_dim": 1536, "project_cond_tokens": True, "input_concat_dim": 0}, (1, 8, 16), context=(1, 8, 768), state_dict=_seconds_embedders),
+        "cond_token_dim": 768, "global_cond_dim": 1536, "project_cond_tokens": True, "input_concat_dim": 0}, (1, 8, 16), context=(1, 8, 768), state_dict=seconds_embedders),
     "hunyuan3d2": Spec("Hunyuan3Dv2", {
         "image_model": "hunyuan3d2", "in_channels": 8, "context_in_dim": 32, "hidden_size": 64, "mlp_ratio": 2.0,
         "num_heads": 2, "depth": 1, "depth_single_blocks": 1, "qkv_bias": True, "guidance_embed": False},
         (1, 8, 16), context=(1, 8, 32)),
+    "hunyuan_dit": Spec("HunyuanDiT", {
+        "image_model": "hydit", "depth": 2, "hidden_size": 64, "num_heads": 2, "text_states_dim": 64,
+        "text_states_dim_t5": 32, "text_len": 8, "text_len_t5": 8, "input_size": (8, 8), "patch_size": 2,
+        "in_channels": 4, "learn_sigma": True}, (1, 4, 8, 8), context=(1, 8, 64),
+        extra=lambda g: {"attention_mask": torch.ones(1, 8, dtype=torch.long),
+                         "conditioning_mt5xl": torch.randn(1, 8, 32, generator=g),
+                         "attention_mask_mt5xl": torch.ones(1, 8, dtype=torch.long)}),
+    "omnigen2": Spec("Omnigen2", {
+        "image_model": "omnigen2", "axes_dim_rope": [8, 12, 12], "axes_lens": [64, 64, 64], "ffn_dim_multiplier": None,
+        "hidden_size": 64, "in_channels": 16, "multiple_of": 32, "norm_eps": 1e-05, "num_attention_heads": 2,
+        "num_kv_heads": 1, "num_layers": 2, "num_refiner_layers": 1, "out_channels": None, "patch_size": 2,
+        "text_feat_dim": 64, "timestep_scale": 1000.0}, (1, 16, 8, 8), context=(1, 8, 64), extra=_mask(8)),
+    "stable_cascade_c": Spec("Stable_Cascade_C", {
+        "stable_cascade_stage": "c", "c_cond": 32, "c_hidden": [32, 32], "nhead": [2, 2], "blocks": [[1, 1], [1, 1]],
+        "block_repeat": [[1, 1], [1, 1]], "c_clip_text": 64, "c_clip_text_pooled": 64, "c_clip_img": 768, "c_r": 16},
+        (1, 16, 8, 8), context=(1, 8, 64), pooled=(1, 1, 64)),
 }
 ARCHS: tuple[str, ...] = tuple(SPECS)
 
@@ -226,9 +246,14 @@ _PARAMS = {"Flux": ("comfy.ldm.flux.model", "FluxParams"), "Flux2": ("comfy.ldm.
 
 
 def _config(name: str) -> dict:
+    return version_config(SPECS[name].supported_model, SPECS[name].config)
+
+
+def version_config(supported_model: str, config: dict) -> dict:
+    """``config`` without the keys this core's params dataclass of ``supported_model`` lacks."""
     import importlib
-    cfg = dict(SPECS[name].config)
-    where = _PARAMS.get(SPECS[name].supported_model)
+    cfg = dict(config)
+    where = _PARAMS.get(supported_model)
     if where is not None:
         cls = getattr(importlib.import_module(where[0]), where[1], None)
         if cls is not None:
