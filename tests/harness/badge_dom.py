@@ -56,6 +56,19 @@ def vue_on(drv) -> bool:
     return bool(drv.execute_script(f"return {APP}.extensionManager?.setting?.get?.('Comfy.VueNodes.Enabled') === true"))
 
 
+def set_vue(drv, on: bool, timeout: float = 30) -> None:
+    """Switch the renderer in the open page through the frontend's setting (as the settings
+    dialog does) and wait until the nodes are drawn by it."""
+    from .browser import wait_for
+    drv.execute_script(f"await {APP}.extensionManager.setting.set('Comfy.VueNodes.Enabled', arguments[0]);", on)
+    want = "true" if on else "false"
+    wait_for(drv, f"({APP}.extensionManager.setting.get('Comfy.VueNodes.Enabled') === true) === {want}"
+                  f" && !!document.querySelector('[data-node-id]') === {want}", timeout,
+             f"the {'Vue' if on else 'classic'} node renderer")
+    drv.execute_script(f"{APP}.canvas.setDirty(true, true);")
+    time.sleep(0.6)
+
+
 def center_on(drv, node_id: int, scale: float = 1.0) -> None:
     """Pan the canvas so node ``node_id`` sits in the middle of the free area, at ``scale``."""
     drv.execute_script(f"""const c = {APP}.canvas, n = c.graph.getNodeById(arguments[0]), r = c.canvas.getBoundingClientRect();
