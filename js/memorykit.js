@@ -1,9 +1,10 @@
 // ComfyUI-MemoryKit frontend extension (comfyui-frontend-package >= 1.32).
 //
 // After a prompt runs, every node whose UI output carries a `memorykit_report` (Memory Report,
-// Free Memory and the technique nodes) gets a badge above its title with its technique's
-// headline figures (the report's `badge` list), fitted to the node's width ("+N" for the rest);
-// hovering the badge shows the full report, and the "MemoryKit" sidebar panel lists the reports
+// Free Memory and the technique nodes) gets a badge with its technique's headline figures (the
+// report's `badge` list), fitted to the room the node leaves ("+N" for the rest): on the classic
+// canvas in the badge row above its title, in Nodes 2.0 (Vue nodes) as a chip in the node's own
+// badge row (memorykit_render.js has the per-renderer geometry); hovering the badge shows the full report, and the "MemoryKit" sidebar panel lists the reports
 // of the last runs, newest first. A node ComfyUI did not rerun (cached) keeps its last figures,
 // marked "cached" (after a page reload they are read back from /history). Data comes only from
 // the nodes' UI outputs (the `executed` event → node.onExecuted) and /history.
