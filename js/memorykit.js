@@ -1,9 +1,10 @@
 // ComfyUI-MemoryKit frontend extension (comfyui-frontend-package >= 1.32).
 //
 // After a prompt runs, every node whose UI output carries a `memorykit_report` (Memory Report,
-// Free Memory and the technique nodes) gets a badge above its title with its technique's
-// headline figures (the report's `badge` list), fitted to the node's width ("+N" for the rest);
-// hovering the badge shows the full report, and the "MemoryKit" sidebar panel lists the reports
+// Free Memory and the technique nodes) gets a badge with its technique's headline figures (the
+// report's `badge` list), fitted to the room the node leaves ("+N" for the rest): on the classic
+// canvas in the badge row above its title, in Nodes 2.0 (Vue nodes) as a chip in the node's own
+// badge row (memorykit_render.js has the per-renderer geometry); hovering the badge shows the full report, and the "MemoryKit" sidebar panel lists the reports
 // of the last runs, newest first. A node ComfyUI did not rerun (cached) keeps its last figures,
 // marked "cached" (after a page reload they are read back from /history). Data comes only from
 // the nodes' UI outputs (the `executed` event → node.onExecuted) and /history.
@@ -11,8 +12,8 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { badgeText } from "./memorykit_format.js";
 import { HoverCard, PANEL_ID, ReportPanel } from "./memorykit_panel.js";
+import { BADGE_ATTR, bump, classicRoom, measuringRow, readTick, vueNodesOn, vueRoom, watchTick } from "./memorykit_render.js";
 
-const BADGE_GAP = 2; // LGraphNode.drawBadges' default gap (px, graph units)
 const COLORS = {
   fresh: { fg: "#e3fbfb", bg: "#14505a" },
   stale: { fg: "#b8c2c2", bg: "#3a3f44" }, // a new run started; figures are from the previous one
@@ -57,38 +58,86 @@ function measureCtx2d() {
   return (measureCtx ??= document.createElement("canvas").getContext("2d"));
 }
 
-/** Width (px, graph units) the node's other badges take in its badge row. */
-function otherBadgesWidth(node) {
-  const ctx = measureCtx2d();
-  let w = 0;
-  for (const b of node.badges) {
-    if (b === node.__memorykitBadge) continue;
-    const badge = typeof b === "function" ? b() : b;
-    if (badge?.getWidth) w += badge.getWidth(ctx) + BADGE_GAP;
+const ROOM_TTL_MS = 500; // classic canvas: the row is re-measured at most this often (or on a resize)
+
+/** Classic canvas: the room our badge has, re-measured when the node's width changes or it is old. */
+function classicRoomCached(node, st) {
+  const now = Date.now();
+  if (st.roomWidth !== node.width || !(now - st.roomAt < ROOM_TTL_MS)) {
+    st.room = Math.max(24, Math.floor(classicRoom(node, node.__memorykitBadge)));
+    st.roomWidth = node.width;
+    st.roomAt = now;
   }
-  return w;
+  return st.room;
 }
 
 /**
- * The badge for a node's current state, its text fitted to the room the node's width leaves
- * next to its other badges (so it does not run over the neighbouring node); rebuilt only when
- * the state or that room changes.
+ * The badge for a node's current state, its text fitted to the room the node's badge row leaves
+ * (so it stays inside the node); rebuilt only when the state, the renderer or that room changes.
+ * Classic canvas: an LGraphBadge that records where it was drawn (for the hover card); Nodes 2.0:
+ * the chip's text, colours and our attribute (the hover card listens on the chip's element).
  */
 function currentBadge(node) {
+  const probe = measuringRow();
+  if (probe) return probe;
+  readTick(); // the Vue badge row depends on it (memorykit_render.js)
   const st = node.memorykit;
   if (!st) return emptyBadge();
-  const room = Math.max(24, node.width - otherBadgesWidth(node));
+  const vue = vueNodesOn();
   const look = st.stale ? "stale" : st.cached ? "cached" : "fresh";
-  if (!st.badge || st.badgeLook !== look || st.badgeRoom !== room) {
-    const c = COLORS[look];
-    const make = (text) => new window.LGraphBadge({ text, fgColor: c.fg, bgColor: c.bg, fontSize: 12 });
-    const prefix = st.cached ? CACHED_PREFIX : "";
-    const text = badgeText(st.report, room, (t) => make(t).getWidth(measureCtx2d()), prefix);
-    st.badge = make(text);
-    st.badgeLook = look;
+  const c = COLORS[look];
+  const make = (text) => new window.LGraphBadge({ text, fgColor: c.fg, bgColor: c.bg, fontSize: 12 });
+  let room, width;
+  if (vue) {
+    const v = vueRoom(node);
+    room = Math.floor(v.room);
+    width = v.width;
+  } else {
+    room = classicRoomCached(node, st);
+    width = (t) => make(t).getWidth(measureCtx2d());
+  }
+  const key = `${vue}|${look}|${room}`;
+  if (!st.badge || st.badgeKey !== key) {
+    const text = badgeText(st.report, room, width, st.cached ? CACHED_PREFIX : "");
+    if (vue) {
+      st.badge = { text, fgColor: c.fg, bgColor: c.bg, [BADGE_ATTR]: String(node.id) };
+    } else {
+      const badge = make(text);
+      badge.draw = function (ctx, x, y) { // where the row put it (node-local), for the hover card
+        st.drawnAt = [x + (this.xOffset ?? 0), y + (this.yOffset ?? 0), this.getWidth(ctx), this.height];
+        return window.LGraphBadge.prototype.draw.call(this, ctx, x, y);
+      };
+      st.badge = badge;
+    }
+    st.badgeKey = key;
     st.badgeRoom = room;
   }
   return st.badge;
+}
+
+/** Nodes 2.0: after the rows are laid out, re-fit the chips whose room differs from the guess. */
+function refitVue(rounds = 3) {
+  if (!vueNodesOn()) return;
+  requestAnimationFrame(() => requestAnimationFrame(() => {
+    let changed = false;
+    for (const node of graphNodes()) {
+      const st = node.memorykit;
+      if (!st?.badge) continue;
+      const v = vueRoom(node);
+      if (v.laidOut && Math.floor(v.room) !== st.badgeRoom) changed = true;
+    }
+    if (changed) {
+      bump();
+      if (rounds > 1) refitVue(rounds - 1);
+    }
+  }));
+}
+
+/** Every renderer redraws our badges (the canvas now; Vue rows re-read their providers). */
+function redraw() {
+  bump();
+  refitVue();
+  app.canvas?.setDirty?.(true, true);
 }
 
 let _empty = null;
@@ -120,7 +169,7 @@ function onReport(node, output, cached = cachedIds.has(String(node.id))) {
   run.entries.delete(id);
   run.entries.set(id, { id, title: node.title || node.type, report, text, stale: false, cached });
   panel.refresh();
-  node.setDirtyCanvas?.(true, true);
+  redraw();
 }
 
 /** Cached nodes with no figures in this page (e.g. after a reload): their last report from /history. */
@@ -149,40 +198,46 @@ async function restoreCached(ids) {
       }
     }
   }
-  app.canvas?.setDirty?.(true, true);
+  redraw();
 }
 
-/** The badge of `node` under graph position [x, y], if our badge is drawn there. */
+/** Classic canvas: is graph position [x, y] on our badge of `node` (where the row last drew it)? */
 function badgeHit(node, x, y) {
-  if (!node.memorykit || !node.__memorykitBadge || node.flags?.collapsed) return false;
-  const titleH = window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
-  const badges = node.badges.map((b) => (typeof b === "function" ? b() : b));
-  const ours = badges.indexOf(node.memorykit.badge);
-  if (ours < 0) return false;
-  const widths = badges.map((b) => b.getWidth(measureCtx2d()));
-  const total = widths.reduce((a, w) => a + w + BADGE_GAP, 0);
-  const leftAligned = node.badgePosition === "top-left";
-  let x0 = node.pos[0] + (leftAligned ? 0 : node.width - total);
-  for (let i = 0; i < ours; i++) x0 += widths[i] + BADGE_GAP;
-  const bottom = node.pos[1] - titleH - BADGE_GAP;
-  const top = bottom - (node.memorykit.badge.height ?? 20);
-  return x >= x0 && x <= x0 + widths[ours] && y >= top && y <= bottom;
+  const at = node.memorykit?.drawnAt;
+  if (!at || node.flags?.collapsed) return false;
+  const [bx, by, bw, bh] = at;
+  const lx = x - node.pos[0], ly = y - node.pos[1];
+  return lx >= bx && lx <= bx + bw && ly >= by && ly <= by + bh;
+}
+
+function showCard(node, e) {
+  const st = node.memorykit;
+  const note = st.stale ? " (previous run)" : st.cached ? " (cached: figures of its last run)" : "";
+  hover.show(e.clientX, e.clientY, node.id, `#${node.id} ${node.title || node.type}${note}`, st.report, st.text);
 }
 
 function onPointerMove(e) {
   const canvas = app.canvas;
-  if (!canvas?.convertEventToCanvasOffset) return;
+  if (!canvas?.convertEventToCanvasOffset || vueNodesOn()) return;
   const [x, y] = canvas.convertEventToCanvasOffset(e);
-  for (const node of graphNodes()) {
-    if (badgeHit(node, x, y)) {
-      const st = node.memorykit;
-      const note = st.stale ? " (previous run)" : st.cached ? " (cached: figures of its last run)" : "";
-      hover.show(e.clientX, e.clientY, node.id, `#${node.id} ${node.title || node.type}${note}`,
-        st.report, st.text);
-      return;
-    }
+  const node = graphNodes().find((n) => badgeHit(n, x, y));
+  if (node) showCard(node, e);
+  else hover.hide();
+}
+
+/** Nodes 2.0: the card follows the pointer over our chip in the node's DOM element. */
+function onDomPointer(e) {
+  const chip = e.target?.closest?.(`[${BADGE_ATTR}]`);
+  if (!chip) {
+    if (hover.fromDom) hover.hide();
+    hover.fromDom = false;
+    return;
   }
-  hover.hide();
+  const id = chip.getAttribute(BADGE_ATTR);
+  const node = graphNodes().find((n) => String(n.id) === id);
+  if (!node?.memorykit) return;
+  showCard(node, e);
+  hover.fromDom = true;
 }
 
 app.registerExtension({
@@ -213,9 +268,14 @@ app.registerExtension({
     return [{ content: "Show memory report (MemoryKit)", callback: () => openPanel(node.id) }];
   },
 
-  async setup() {
+  async init() {
+    // registered before the first graph loads, so every Vue node's badge row reads the tick
     const tabs = app.extensionManager?.sidebarTab ?? app.extensionManager;
     tabs?.registerSidebarTab?.(panel.tab());
+    watchTick(PANEL_ID);
+  },
+
+  async setup() {
     api.addEventListener("execution_start", (ev) => {
       cachedIds = new Set();
       runs.unshift({ promptId: ev.detail?.prompt_id ?? null, started: Date.now(), entries: new Map() });
@@ -223,7 +283,7 @@ app.registerExtension({
       for (const r of runs.slice(1)) for (const e of r.entries.values()) e.stale = true;
       for (const node of graphNodes()) if (node.memorykit) node.memorykit.stale = true;
       panel.refresh();
-      app.canvas?.setDirty?.(true, true);
+      redraw();
     });
     api.addEventListener("execution_cached", (ev) => {
       cachedIds = new Set((ev.detail?.nodes ?? []).map(String));
@@ -238,10 +298,11 @@ app.registerExtension({
       }
       restoreCached(cachedIds);
       panel.refresh();
-      app.canvas?.setDirty?.(true, true);
+      redraw();
     });
     const canvasEl = app.canvasEl ?? app.canvas?.canvas;
     canvasEl?.addEventListener("pointermove", onPointerMove);
     canvasEl?.addEventListener("pointerleave", () => hover.hide());
+    document.addEventListener("pointermove", onDomPointer, { passive: true });
   },
 });

@@ -5,6 +5,8 @@
 #   REQUIRE_COMFYUI_033=1  fail when no 0.33 tree is found (CI)
 #   REQUIRE_BROWSER=1      the browser tests fail instead of skipping without Chromium (CI)
 #   extra arguments go to pytest (e.g. `bash scripts/test.sh -k sharded`)
+# The 0.33.0 suite also runs the browser tests on the newest frontend, comfyui-frontend-package
+# $FRONTEND_NEW (fetched once from PyPI into $CACHE), in Nodes 2.0 and on the classic canvas.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -33,6 +35,37 @@ run_suite() {  # name venv comfy_dir
   [ "$rc" = 0 ] || status=1
 }
 
+FRONTEND_NEW=1.58.1
+fetch_frontend() {  # version venv → prints the static/ folder of that comfyui-frontend-package
+  local v="$1" dir="$CACHE/comfyui-frontend-package-$1"
+  if [ ! -f "$dir/comfyui_frontend_package/static/index.html" ]; then
+    rm -rf "$dir.tmp" && mkdir -p "$dir.tmp" &&
+      "$2/bin/python" -m pip download -q --no-deps "comfyui-frontend-package==$v" -d "$dir.tmp" >&2 &&
+      "$2/bin/python" -c "import glob, sys, zipfile; zipfile.ZipFile(glob.glob(sys.argv[1] + '/*.whl')[0]).extractall(sys.argv[1])" "$dir.tmp" &&
+      rm -f "$dir.tmp"/*.whl && rm -rf "$dir" && mv "$dir.tmp" "$dir" || { rm -rf "$dir.tmp"; return 1; }
+  fi
+  echo "$dir/comfyui_frontend_package/static"
+}
+
+run_new_frontend() {  # venv comfy_dir [pytest args]: tests/test_frontend.py on $FRONTEND_NEW
+  local venv="$1" comfy="$2" root start rc
+  if ! root=$(fetch_frontend "$FRONTEND_NEW" "$venv"); then
+    summary+=("frontend $FRONTEND_NEW: could not fetch comfyui-frontend-package==$FRONTEND_NEW from PyPI")
+    [ "${REQUIRE_BROWSER:-0}" = 1 ] && status=1
+    return
+  fi
+  start=$(date +%s)
+  # MEMORYKIT_VUE_NODES=1: every badge check runs in Nodes 2.0, then on the classic canvas of the
+  # same page (the renderer switched through the frontend's setting; one run of each workflow)
+  COMFYUI_PATH="$comfy" MEMORYKIT_FRONT_END_ROOT="$root" MEMORYKIT_VUE_NODES=1 \
+    "$venv/bin/python" -m pytest -c tests/pytest.ini tests/test_frontend.py \
+    --junitxml="$REPORTS/frontend-$FRONTEND_NEW.xml" "${@:3}"
+  rc=$?
+  [ "$rc" = 5 ] && rc=0  # the extra arguments selected none of them
+  summary+=("ComfyUI 0.33.0 + frontend $FRONTEND_NEW (Nodes 2.0 and classic): exit $rc in $(( $(date +%s) - start )) s")
+  [ "$rc" = 0 ] || status=1
+}
+
 bash scripts/setup.sh 0.3.75 || exit 1
 run_suite "0.3.75" "${MEMORYKIT_VENV:-$ROOT/.venv}" "${COMFYUI_PATH:-$CACHE/comfyui-0.3.75}" "$@"
 
@@ -40,6 +73,7 @@ bash scripts/setup.sh 0.33
 rc=$?
 if [ "$rc" = 0 ]; then
   run_suite "0.33.0" "${MEMORYKIT_VENV_033:-$ROOT/.venv-0.33}" "${COMFYUI_033_PATH:-$CACHE/comfyui-0.33.0}" "$@"
+  run_new_frontend "${MEMORYKIT_VENV_033:-$ROOT/.venv-0.33}" "${COMFYUI_033_PATH:-$CACHE/comfyui-0.33.0}" "$@"
 elif [ "$rc" = 3 ] && [ "${REQUIRE_COMFYUI_033:-0}" != 1 ]; then
   summary+=("ComfyUI 0.33.0: not run (no 0.33 tree; set COMFYUI_033_PATH or COMFYUI_033_TARBALL)")
 else

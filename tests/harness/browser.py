@@ -264,6 +264,13 @@ def node_screenshot(drv, node_ids: list[int], name: str, margin: int = 12) -> Pa
     box = drv.execute_script(f"""const c = {APP}.canvas, g = c.graph, r = c.canvas.getBoundingClientRect();
         const ns = arguments[0].map(i => g.getNodeById(i)).filter(Boolean);
         if (!ns.length) return null;
+        // Vue nodes ("Nodes 2.0"): the nodes' DOM boxes (their badge row is inside the node)
+        const els = ns.map(n => document.querySelector(`[data-node-id="${{n.id}}"]`));
+        if (els.every(Boolean)) {{
+            const rs = els.map(e => e.getBoundingClientRect());
+            return [Math.min(...rs.map(q => q.left)), Math.min(...rs.map(q => q.top)),
+                    Math.max(...rs.map(q => q.right)), Math.max(...rs.map(q => q.bottom)), window.devicePixelRatio || 1];
+        }}
         const th = LiteGraph.NODE_TITLE_HEIGHT + 24;
         const a = c.ds.convertOffsetToCanvas([Math.min(...ns.map(n => n.pos[0])), Math.min(...ns.map(n => n.pos[1] - th))]);
         const b = c.ds.convertOffsetToCanvas([Math.max(...ns.map(n => n.pos[0] + n.size[0])),
