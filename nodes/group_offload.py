@@ -13,9 +13,9 @@ DESCRIPTION = (
     "Keeps the diffusion model's weights in CPU RAM (or on disk) and streams its blocks to the GPU "
     "just in time, so models larger than VRAM run. Under a VRAM budget as many blocks as fit stay "
     "resident and only the rest stream. Applied when sampling loads the model, undone when ComfyUI "
-    "unloads it; the output equals the plain model's. From CPU RAM, MemoryKit's event-ring scheduler "
-    "prefetches the next groups into a fixed VRAM ring without stalling the GPU; disk offload uses "
-    "diffusers' group offloading. "
+    "unloads it; the output equals the plain model's. MemoryKit's event-ring scheduler prefetches "
+    "the next groups into a fixed VRAM ring without stalling the GPU, from CPU RAM or from an "
+    "unnamed file on disk. "
     "Without a GPU, offload_to=cpu passes the model through unchanged; offload_to=disk saves RAM."
 )
 
@@ -26,8 +26,9 @@ def _offload_inputs() -> list:
                        tooltip="block_level streams whole transformer/UNet blocks (fast with use_stream); "
                                "leaf_level streams single layers (lowest VRAM, more transfers)."),
         io.Int.Input("num_blocks_per_group", default=1, min=1, max=1024,
-                     tooltip="block_level: blocks moved together. Ignored (1) with use_stream. A value at "
-                             "least the number of blocks moves each block list at once."),
+                     tooltip="block_level: blocks moved together (the diffusers scheduler forces 1 with "
+                             "use_stream; the memorykit one takes any value). A value at least the number of "
+                             "blocks moves each block list at once."),
         io.Float.Input("vram_budget_gb", default=0.0, min=0.0, max=1024.0, step=0.25,
                        tooltip="GiB of VRAM the weights may use, streaming buffers included: blocks that fit "
                                "stay resident, the rest stream. 0 = auto (what ComfyUI's memory manager "
@@ -48,11 +49,12 @@ def _offload_inputs() -> list:
                                "RAM), freed when the model is unloaded."),
         io.String.Input("disk_folder", default="",
                         tooltip="Folder for offload files (offload_to=disk). Must exist and be writable; a "
-                                "fast SSD is best. Empty = user/__memorykit/offload in ComfyUI's folder."),
+                                "fast SSD is best. Empty = __memorykit/offload in ComfyUI's user directory (not the temp "
+                                "folder, which ComfyUI empties at start)."),
         io.Combo.Input("scheduler", options=list(SCHEDULERS), default="memorykit", optional=True,
                        tooltip="Who streams from CPU RAM. memorykit: prefetch into a fixed VRAM ring ordered by "
                                "CUDA events (the host never waits; any num_blocks_per_group). diffusers: its "
-                               "group-offloading hooks as they are. Disk offload always uses diffusers."),
+                               "group-offloading hooks as they are. Disk offload always uses the memorykit ring."),
     ]
 
 
