@@ -33,7 +33,9 @@ def _tiling_inputs() -> list:
                                "(two probe tiles) or ComfyUI's per-VAE estimate elsewhere. 0 = the free memory."),
         io.Boolean.Input("shared_norm_stats", default=True,
                          tooltip="Give every tile the whole image's GroupNorm statistics (estimated by one "
-                                 "downsampled pass) instead of its own, which removes per-tile colour shifts."),
+                                 "downsampled pass) instead of its own, which removes per-tile colour shifts. "
+                                 "Image VAEs and Wan only: HunyuanVideo, LTX, Mochi and Cosmos keep each tile's "
+                                 "own (shared ones measured worse there)."),
         io.Boolean.Input("global_context", default=True,
                          tooltip="Run the VAE's low-resolution middle part (with its global attention) once on the "
                                  "whole latent and give each tile its crop (SD-family, Flux, Flux 2, Qwen-Image and "
@@ -69,8 +71,8 @@ class TiledVAEDecode(io.ComfyNode):
             description=(
                 "Decodes latents to images in overlapping tiles so a large image or a long video fits in "
                 "memory: one pass (each tile decoded once), seams cross-faded, GroupNorm statistics shared "
-                "across tiles, the VAE's middle block run on the whole latent, one image of a batch at a "
-                "time. Reports the tile plan and peak memory (resets the peak counters at its start)."),
+                "across tiles and the VAE's middle block run on the whole latent where the VAE allows "
+                "(see the inputs), one image of a batch at a time. Reports the tile plan and peak memory (resets the peak counters at its start)."),
             inputs=[io.Latent.Input("samples", tooltip="Latents to decode (image or video)."),
                     io.Vae.Input("vae", tooltip="The VAE of the model that produced the latents.")] + _tiling_inputs(),
             outputs=[io.Image.Output(tooltip="Decoded images (video frames are concatenated, as VAE Decode does).")],
@@ -94,8 +96,8 @@ class TiledVAEEncode(io.ComfyNode):
             category="MemoryKit",
             description=(
                 "Encodes images (or a video's frames) to latents in overlapping tiles: one pass, seams "
-                "cross-faded, GroupNorm statistics shared across tiles, the encoder's low-resolution end "
-                "run once on the whole assembled feature map. Reports the tile plan and peak memory."),
+                "cross-faded, GroupNorm statistics shared across tiles and the encoder's low-resolution end "
+                "run once on the whole assembled feature map where the VAE allows (see the inputs). Reports the tile plan and peak memory."),
             inputs=[io.Image.Input("pixels", tooltip="Images to encode; for a video VAE the batch is the frames."),
                     io.Vae.Input("vae", tooltip="The VAE to encode with.")] + _tiling_inputs(),
             outputs=[io.Latent.Output(tooltip="The latents.")],
