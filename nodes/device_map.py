@@ -18,7 +18,8 @@ class BalancedDeviceMap(io.ComfyNode):
                 "Splits the diffusion model's blocks across GPUs (and CPU RAM / disk) with accelerate's "
                 "device map, so a model bigger than one GPU runs on several. Blocks are never split. The map "
                 "is applied when the model is loaded for sampling and removed when ComfyUI unloads it; the "
-                "map is shown on the node. Output equals the plain model's."
+                "map is shown on the node. Output equals the plain model's. Not after Group Offload (both "
+                "decide where the weights live): connect it to the loader."
             ),
             inputs=[
                 io.Model.Input("model", tooltip="The diffusion model to split (from Load Diffusion Model / Load "
@@ -31,10 +32,14 @@ class BalancedDeviceMap(io.ComfyNode):
                                 tooltip="Budget per device, e.g. 'cuda:0=20GiB, cuda:1=22GiB, cpu=64GiB' (GiB/MiB "
                                 "= powers of 2, GB/MB = powers of 10). Add 'disk' to allow streaming weights from "
                                 "files. 'auto' = the free memory of every GPU and of the CPU. Leave room for "
-                                "activations."),
+                                "activations. What lies outside the blocks (embedders, final layer) stays on the first "
+                                "GPU (or cpu without one), never on disk; a budget smaller than what the plan puts on "
+                                "a device (e.g. cpu=4MiB, disk with a real model) is an error saying how much it "
+                                "needs."),
                 io.String.Input("offload_folder", default="",
                                 tooltip="Folder for weights mapped to 'disk' (a fresh subfolder is made per load and "
-                                "deleted on unload). Empty = user/__memorykit/offload in ComfyUI's folder."),
+                                "deleted on unload). Empty = __memorykit/offload in ComfyUI's user directory (not the "
+                                "temp folder, which ComfyUI empties at start)."),
                 io.String.Input("custom_device_map", default="", multiline=True,
                                 tooltip="Optional full device map as JSON, module name → device, e.g. "
                                 "{\"img_in\": \"cuda:0\", \"double_blocks\": \"cuda:0\", \"single_blocks\": "

@@ -100,7 +100,8 @@ class SaveSharded(io.ComfyNode):
                                          "by the marker file it writes (.memorykit-save.json), never by file names: "
                                          "only the files that marker lists are replaced (after the new ones are "
                                          "complete); other files stay. A folder without the marker (e.g. a "
-                                         "huggingface_hub checkpoint) is refused. Off: an existing folder is an error."),
+                                         "huggingface_hub checkpoint, or a save by a MemoryKit older than the marker) "
+                                         "is refused: delete or move it yourself. Off: an existing folder is an error."),
             ],
             outputs=[],
         )
