@@ -306,7 +306,9 @@ def load_group_offload_model(unet_name: str, weight_dtype: str, settings: GroupO
         kwargs["disable_dynamic"] = True
     model = comfy.sd.load_diffusion_model(path, model_options=model_options, **kwargs)
     if model is None:
-        raise RuntimeError(f"Group Offload Loader: ComfyUI does not recognise the model in {path}")
+        raise RuntimeError(f"Group Offload Loader: ComfyUI does not recognise the model in {path} (unet_name): "
+                           "pick a diffusion model file; a full checkpoint goes through Load Checkpoint, then "
+                           "Group Offload")
     return prepare_group_offload(model, settings)
 
 

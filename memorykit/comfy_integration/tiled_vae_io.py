@@ -342,10 +342,12 @@ def tiled_vae_encode(vae, pixels: torch.Tensor, opts: TiledVAEOptions) -> tuple[
     opts = planned_options(vae, opts)
     shape = vae_shape(vae)
     if pixels.ndim != 4 or pixels.shape[-1] < 3:
-        raise ValueError(f"IMAGE has shape {tuple(pixels.shape)}; expected [batch, height, width, 3]")
+        raise ValueError(f"pixels: IMAGE has shape {tuple(pixels.shape)}; expected [batch, height, width, "
+                         "channels] with 3 (RGB) or 4 (RGBA) channels: connect an IMAGE output (Load Image, VAE Decode)")
     s = shape.spatial_factor
     if pixels.shape[1] < s or pixels.shape[2] < s:
-        raise ValueError(f"IMAGE of {pixels.shape[2]}x{pixels.shape[1]} px is smaller than one latent pixel ({s}x{s} px)")
+        raise ValueError(f"pixels: IMAGE of {pixels.shape[2]}x{pixels.shape[1]} px is smaller than one latent "
+                         f"pixel ({s}x{s} px): upscale or pad it to at least {s}x{s} px")
     # The VAE's own input channels (RGBA VAEs take 4: alpha passes through); extra channels are
     # dropped, fewer are padded by core where it can (0.33's vae_encode_crop_pixels).
     x = vae.vae_encode_crop_pixels(pixels[..., :input_channels(vae)]).movedim(-1, 1)
