@@ -16,8 +16,8 @@ class Fp8LayerwiseCast(io.ComfyNode):
             description=(
                 "Stores the diffusion model's Linear/Conv weights in float8 (1 byte per weight) and computes "
                 "each layer in bf16/fp16/fp32, about halving weight memory. Works on any MODEL (also from Load "
-                "Checkpoint). Sensitive layers (norms, embeddings, modulation, input/output projections) stay "
-                "in high precision. The input MODEL is not changed; LoRA works before or after this node. "
+                "Checkpoint). Sensitive layers (norms, embeddings, input/output projections, the modulation "
+                "outside the blocks; see skip_preset) stay in high precision. The input MODEL is not changed; LoRA works before or after this node. "
                 "Reports weight bytes before/after and the layers kept."
             ),
             inputs=[
