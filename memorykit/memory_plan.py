@@ -362,7 +362,8 @@ def choose_tile(vram_bytes: int, vae_weight_bytes: int, fixed_bytes: float, per_
             return px, (f"VAE: the whole image would need {gib_text(whole)} of {gib_text(budget)} free for decoding; tiles of "
                         f"{px} px need about {gib_text(cost.bytes_for(min(t, latent_hw[0]) * min(t, latent_hw[1])))}.")
     return TILE_CHOICES[-1], (f"VAE: even {TILE_CHOICES[-1]} px tiles exceed the {gib_text(budget)} left; smallest "
-                              "tiles chosen (core's VAE falls back to smaller tiles on out-of-memory).")
+                              "tiles chosen; if decoding still runs out of memory, start ComfyUI with --cpu-vae "
+                              "or make the image smaller.")
 
 
 def make_plan(machine: Machine, model: ModelFigures, options: PlanOptions | None = None) -> Plan:
