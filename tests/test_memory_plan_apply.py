@@ -135,3 +135,13 @@ def test_fp8_plan_process_ram_matches_prediction(comfy, io, loaded, tmp_path):
           f"quantising scratch {figures.fp8_work_bytes / 2**20:.0f}); measured "
           f"weights + RSS growth {(figures.weight_bytes + grown) / 2**20:.0f} MiB (growth {grown / 2**20:.0f} MiB)")
     assert abs(figures.weight_bytes + grown - predicted) <= 0.1 * predicted
+
+
+@pytest.mark.parametrize("field", ["vram_gb", "ram_gb", "disk_gb"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_probe_given_figures_nan_or_inf_name_the_field(comfy, io, field, bad):
+    """NaN passes ComfyUI's min/max checks (every comparison is false); a NaN or infinite figure
+    was a bare 'cannot convert float NaN to integer' (OverflowError for inf) before."""
+    figs = {"vram_gb": 12.0, "ram_gb": 32.0, "disk_gb": 100.0} | {field: bad}
+    with pytest.raises(ValueError, match=f"^{field} is {bad!r}, not a finite number"):
+        io.given_machine(**figs)

@@ -24,6 +24,7 @@ import torch
 
 from .. import fp8
 from .. import memory_plan as mp
+from .. import validation
 from ..offload_plan import GroupOffloadOptions
 from .compat import is_dynamic, patcher_free_memory
 from .fp8_patcher import FP8_ATTACHMENT, fp8_layerwise_cast, model_compute_dtype
@@ -132,8 +133,10 @@ def measure_machine(patcher, disk_folder: str = "") -> mp.Machine:
 
 def given_machine(vram_gb: float, ram_gb: float, disk_gb: float, dynamic_vram: bool = False) -> mp.Machine:
     """Another machine from its figures (GiB): bandwidths and throughput are the defaults of
-    :mod:`memorykit.memory_plan` (a PCIe 4.0 card, an NVMe SSD)."""
+    :mod:`memorykit.memory_plan` (a PCIe 4.0 card, an NVMe SSD). Raises ValueError naming the
+    field for a NaN, infinite, negative or (``ram_gb``) zero figure."""
     for name, v in (("vram_gb", vram_gb), ("ram_gb", ram_gb), ("disk_gb", disk_gb)):
+        validation.finite_number(v, name)  # NaN passes every comparison below
         if v < 0:
             raise ValueError(f"{name} must be ≥ 0 GiB, got {v}")
     if ram_gb <= 0:
