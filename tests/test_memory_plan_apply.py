@@ -145,3 +145,12 @@ def test_probe_given_figures_nan_or_inf_name_the_field(comfy, io, field, bad):
     figs = {"vram_gb": 12.0, "ram_gb": 32.0, "disk_gb": 100.0} | {field: bad}
     with pytest.raises(ValueError, match=f"^{field} is {bad!r}, not a finite number"):
         io.given_machine(**figs)
+
+
+def test_probe_empty_latent_is_refused(comfy, io, loaded):
+    """A LATENT of batch 0 was planned ('as loaded', activations and FLOPs of nothing) before;
+    it is refused as every node refuses an empty batch (validation.nonempty_batch)."""
+    lm = loaded("wan")
+    with pytest.raises(ValueError, match=r"^latent: the LATENT holds no items \(shape \(0, 16, 2, 8, 8\)\)"):
+        io.latent_shape({"samples": torch.zeros(0, 16, 2, 8, 8)}, lm.patcher, 64, 64, 5)
+    assert io.latent_shape({"samples": torch.zeros(2, 16, 2, 8, 8)}, lm.patcher, 64, 64, 5) == [2, 16, 2, 8, 8]

@@ -148,8 +148,10 @@ def given_machine(vram_gb: float, ram_gb: float, disk_gb: float, dynamic_vram: b
 
 def latent_shape(latent: dict | None, patcher, width: int, height: int, frames: int) -> list[int]:
     """The latent the sampler will see: the LATENT's ``samples`` shape when wired, else one item
-    of ``width``×``height`` (``frames`` for video models) in the model's latent format."""
+    of ``width``×``height`` (``frames`` for video models) in the model's latent format. Raises
+    ValueError for a LATENT of batch 0."""
     if latent is not None and isinstance(latent.get("samples"), torch.Tensor):
+        validation.nonempty_batch(latent["samples"].shape, "latent", "LATENT")
         return list(latent["samples"].shape)
     fmt = patcher.model.latent_format
     ch = int(getattr(fmt, "latent_channels", 4))
