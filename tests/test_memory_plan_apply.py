@@ -154,3 +154,21 @@ def test_probe_empty_latent_is_refused(comfy, io, loaded):
     with pytest.raises(ValueError, match=r"^latent: the LATENT holds no items \(shape \(0, 16, 2, 8, 8\)\)"):
         io.latent_shape({"samples": torch.zeros(0, 16, 2, 8, 8)}, lm.patcher, 64, 64, 5)
     assert io.latent_shape({"samples": torch.zeros(2, 16, 2, 8, 8)}, lm.patcher, 64, 64, 5) == [2, 16, 2, 8, 8]
+
+
+def _wan_vae(fixture_models):
+    import comfy.sd
+    import comfy.utils
+    return comfy.sd.VAE(sd=comfy.utils.load_torch_file(str(fixture_models["wan_vae"])))
+
+
+def test_probe_image_latent_for_a_video_latent_model(comfy, io, loaded, fixture_models):
+    """A 4-D LATENT (Empty SD3 Latent Image, as Qwen-Image workflows use) for a model with 3-D
+    latents: core's sampler adds the time axis (comfy/sample.py fix_empty_latent_channels), and so
+    does the plan. With the VAE wired this was an IndexError in the VAE's cost formula before."""
+    lm = loaded("wan")
+    shape = io.latent_shape({"samples": torch.zeros(1, 16, 8, 8)}, lm.patcher, 64, 64, 5)
+    assert shape == [1, 16, 1, 8, 8]
+    _, vae, info = io.memory_plan(lm.patcher, _wan_vae(fixture_models), {"samples": torch.zeros(1, 16, 8, 8)},
+                                  "given figures")
+    assert info["latent_shape"] == [1, 16, 1, 8, 8] and vae is not None

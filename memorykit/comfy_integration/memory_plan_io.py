@@ -149,11 +149,15 @@ def given_machine(vram_gb: float, ram_gb: float, disk_gb: float, dynamic_vram: b
 def latent_shape(latent: dict | None, patcher, width: int, height: int, frames: int) -> list[int]:
     """The latent the sampler will see: the LATENT's ``samples`` shape when wired, else one item
     of ``width``×``height`` (``frames`` for video models) in the model's latent format. Raises
-    ValueError for a LATENT of batch 0."""
-    if latent is not None and isinstance(latent.get("samples"), torch.Tensor):
-        validation.nonempty_batch(latent["samples"].shape, "latent", "LATENT")
-        return list(latent["samples"].shape)
+    ValueError for a LATENT of batch 0. A 4-D LATENT for a model with 3-D latents gets a time
+    axis of 1, as core's sampler adds it (comfy/sample.py ``fix_empty_latent_channels``)."""
     fmt = patcher.model.latent_format
+    if latent is not None and isinstance(latent.get("samples"), torch.Tensor):
+        shape = list(latent["samples"].shape)
+        validation.nonempty_batch(shape, "latent", "LATENT")
+        if getattr(fmt, "latent_dimensions", 2) == 3 and len(shape) == 4:
+            shape.insert(2, 1)
+        return shape
     ch = int(getattr(fmt, "latent_channels", 4))
     s = int(getattr(fmt, "spacial_downscale_ratio", 8))
     if getattr(fmt, "latent_dimensions", 2) == 3:
