@@ -172,3 +172,11 @@ def test_probe_image_latent_for_a_video_latent_model(comfy, io, loaded, fixture_
     _, vae, info = io.memory_plan(lm.patcher, _wan_vae(fixture_models), {"samples": torch.zeros(1, 16, 8, 8)},
                                   "given figures")
     assert info["latent_shape"] == [1, 16, 1, 8, 8] and vae is not None
+
+
+def test_probe_vae_of_another_latent_kind_is_a_clear_error(comfy, io, loaded, fixture_models):
+    """A video VAE wired with an image model (or a 6-D LATENT): an IndexError in core's
+    ``memory_used_decode`` before; now a ValueError naming the vae and the dimensions."""
+    lm = loaded("sd15")
+    with pytest.raises(ValueError, match=r"^vae: .*3-D latents.*the latent \[1, 4, 8, 8\] has 2"):
+        io.memory_plan(lm.patcher, _wan_vae(fixture_models), None, "given figures", width=64, height=64)

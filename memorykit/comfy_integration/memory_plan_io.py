@@ -220,9 +220,13 @@ def model_figures(patcher, shape: list[int]) -> mp.ModelFigures:
 def plan_tiles(vae, machine: mp.Machine, shape: list[int]) -> tuple[int | None, str]:
     """Tile size for decoding ``shape`` with ``vae`` on ``machine`` (see
     :func:`memorykit.memory_plan.choose_tile`); cost per latent pixel = core's
-    ``memory_used_decode`` for a 16×16 tile / 256, the cost model Tiled VAE uses."""
+    ``memory_used_decode`` for a 16×16 tile / 256, the cost model Tiled VAE uses. Raises
+    ValueError naming the vae when it decodes latents of other dimensions than ``shape``'s."""
     from .tiled_vae_io import vae_shape
     vs = vae_shape(vae)
+    if len(shape) != vae.latent_dim + 2:
+        raise ValueError(f"vae: this VAE ({type(vae.first_stage_model).__name__}) decodes {vae.latent_dim}-D latents, "
+                         f"the latent {shape} has {len(shape) - 2}: connect the VAE made for this model")
     frames = shape[2] if len(shape) == 5 else None
     probe = [1, vs.latent_channels] + ([frames] if frames else []) + [16, 16]
     per = vae.memory_used_decode(probe, vae.vae_dtype) / 256.0
