@@ -180,3 +180,19 @@ def test_probe_vae_of_another_latent_kind_is_a_clear_error(comfy, io, loaded, fi
     lm = loaded("sd15")
     with pytest.raises(ValueError, match=r"^vae: .*3-D latents.*the latent \[1, 4, 8, 8\] has 2"):
         io.memory_plan(lm.patcher, _wan_vae(fixture_models), None, "given figures", width=64, height=64)
+
+
+def test_probe_audio_vae_is_left_whole(comfy, io):
+    """Stable Audio's VAE (1-D latents, built on the meta device: only its geometry is read):
+    the plan leaves it untiled and says so. Before, Tiled VAE's 'handles image and video VAEs'
+    error stopped the whole plan of an audio model whose VAE was wired."""
+    import comfy.ldm.audio.autoencoder as ae
+    import comfy.sd
+    from comfyui_memorykit.memorykit import memory_plan as mp
+    with torch.device("meta"):
+        sd = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in ae.AudioOobleckVAE().state_dict().items()}
+        vae = comfy.sd.VAE(sd=sd)
+    assert vae.latent_dim == 1
+    tile, sentence = io.plan_tiles(vae, mp.Machine(vram_bytes=0, ram_bytes=1 << 30, disk_bytes=0), [1, 64, 215])
+    assert tile is None and "no tiles" in sentence and "1-D" in sentence, sentence
+    assert io.planned_vae(vae, tile) is vae

@@ -221,12 +221,18 @@ def plan_tiles(vae, machine: mp.Machine, shape: list[int]) -> tuple[int | None, 
     """Tile size for decoding ``shape`` with ``vae`` on ``machine`` (see
     :func:`memorykit.memory_plan.choose_tile`); cost per latent pixel = core's
     ``memory_used_decode`` for a 16×16 tile / 256, the cost model Tiled VAE uses. Raises
-    ValueError naming the vae when it decodes latents of other dimensions than ``shape``'s."""
+    ValueError naming the vae when it decodes latents of other dimensions than ``shape``'s. A
+    VAE that Tiled VAE does not cut (1-D audio latents, an extra 1-D channel) is left whole."""
     from .tiled_vae_io import vae_shape
-    vs = vae_shape(vae)
+    vae.throw_exception_if_invalid()
+    name = type(vae.first_stage_model).__name__
     if len(shape) != vae.latent_dim + 2:
-        raise ValueError(f"vae: this VAE ({type(vae.first_stage_model).__name__}) decodes {vae.latent_dim}-D latents, "
+        raise ValueError(f"vae: this VAE ({name}) decodes {vae.latent_dim}-D latents, "
                          f"the latent {shape} has {len(shape) - 2}: connect the VAE made for this model")
+    if vae.latent_dim not in (2, 3) or vae.extra_1d_channel is not None:
+        return None, (f"VAE: {name} has {vae.latent_dim}-D latents, which Tiled VAE does not cut: "
+                      "decoded whole by core's VAE Decode, no tiles.")
+    vs = vae_shape(vae)
     frames = shape[2] if len(shape) == 5 else None
     probe = [1, vs.latent_channels] + ([frames] if frames else []) + [16, 16]
     per = vae.memory_used_decode(probe, vae.vae_dtype) / 256.0
