@@ -193,6 +193,7 @@ def test_probe_audio_vae_is_left_whole(comfy, io):
         sd = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in ae.AudioOobleckVAE().state_dict().items()}
         vae = comfy.sd.VAE(sd=sd)
     assert vae.latent_dim == 1
-    tile, sentence = io.plan_tiles(vae, mp.Machine(vram_bytes=0, ram_bytes=1 << 30, disk_bytes=0), [1, 64, 215])
-    assert tile is None and "no tiles" in sentence and "1-D" in sentence, sentence
+    for shape in ([1, 64, 215], [1, 64, 128, 128]):  # the LATENT, or width × height when none is wired
+        tile, sentence = io.plan_tiles(vae, mp.Machine(vram_bytes=0, ram_bytes=1 << 30, disk_bytes=0), shape)
+        assert tile is None and "no tiles" in sentence and "1-D" in sentence, sentence
     assert io.planned_vae(vae, tile) is vae

@@ -226,12 +226,12 @@ def plan_tiles(vae, machine: mp.Machine, shape: list[int]) -> tuple[int | None, 
     from .tiled_vae_io import vae_shape
     vae.throw_exception_if_invalid()
     name = type(vae.first_stage_model).__name__
-    if len(shape) != vae.latent_dim + 2:
-        raise ValueError(f"vae: this VAE ({name}) decodes {vae.latent_dim}-D latents, "
-                         f"the latent {shape} has {len(shape) - 2}: connect the VAE made for this model")
     if vae.latent_dim not in (2, 3) or vae.extra_1d_channel is not None:
         return None, (f"VAE: {name} has {vae.latent_dim}-D latents, which Tiled VAE does not cut: "
                       "decoded whole by core's VAE Decode, no tiles.")
+    if len(shape) != vae.latent_dim + 2:
+        raise ValueError(f"vae: this VAE ({name}) decodes {vae.latent_dim}-D latents, "
+                         f"the latent {shape} has {len(shape) - 2}: connect the VAE made for this model")
     vs = vae_shape(vae)
     frames = shape[2] if len(shape) == 5 else None
     probe = [1, vs.latent_channels] + ([frames] if frames else []) + [16, 16]
