@@ -197,3 +197,18 @@ def test_probe_audio_vae_is_left_whole(comfy, io):
         tile, sentence = io.plan_tiles(vae, mp.Machine(vram_bytes=0, ram_bytes=1 << 30, disk_bytes=0), shape)
         assert tile is None and "no tiles" in sentence and "1-D" in sentence, sentence
     assert io.planned_vae(vae, tile) is vae
+
+
+def test_probe_full_offload_disk_does_not_stop_a_plan(comfy, io, loaded, tmp_path):
+    """The disk read probe writes 64 MiB into the offload folder: on a disk with less free the
+    whole plan was a bare 'OSError: No space left on device', though nothing needed the disk.
+    Now the disk's speed is the default figure (not cached: measured again once there is room),
+    the plan runs, and nothing is left in the folder."""
+    from harness.tmpfs import small_tmpfs
+    from comfyui_memorykit.memorykit import memory_plan as mp
+    lm = loaded("sd15")
+    with small_tmpfs(tmp_path / "full", "16m") as full:
+        out, _, info = io.memory_plan(lm.patcher, plan_for="this machine", width=64, height=64, disk_folder=str(full))
+        assert info["pick"] == "as loaded" and info["machine"]["disk_read_bytes_per_s"] == mp.DEFAULT_DISK_READ
+        assert list(full.iterdir()) == []
+        assert not any(str(full) in k for k in io._CACHE)

@@ -97,13 +97,20 @@ def _flops(device: torch.device) -> float:
 def bandwidths(device, disk_folder: str) -> dict:
     """``{h2d_bytes_per_s, disk_read_bytes_per_s, flops_per_s}`` for ``device`` and the disk of
     ``disk_folder``, measured once per process (cached by device and folder). Without CUDA the
-    host→device figure is None (no bus to cross)."""
+    host→device figure is None (no bus to cross). A folder that cannot take the read probe
+    (a full or read-only disk) gets :data:`memorykit.memory_plan.DEFAULT_DISK_READ`, not cached."""
     device = torch.device(device)
     key = f"{device}|{os.path.realpath(disk_folder)}"
     if key not in _CACHE:
         h2d = _h2d_bandwidth(device) if device.type == "cuda" else None
-        _CACHE[key] = {"h2d_bytes_per_s": h2d, "disk_read_bytes_per_s": _disk_read(disk_folder),
-                       "flops_per_s": _flops(device)}
+        try:
+            disk = _disk_read(disk_folder)
+        except OSError as e:
+            _log.warning("Memory Plan: cannot measure the disk of %s (%s); assuming %.1f GB/s",
+                         disk_folder, e, mp.DEFAULT_DISK_READ / 1e9)
+            return {"h2d_bytes_per_s": h2d, "disk_read_bytes_per_s": mp.DEFAULT_DISK_READ,
+                    "flops_per_s": _flops(device)}
+        _CACHE[key] = {"h2d_bytes_per_s": h2d, "disk_read_bytes_per_s": disk, "flops_per_s": _flops(device)}
         _log.info("Memory Plan: measured %s", _CACHE[key])
     return dict(_CACHE[key])
 
