@@ -179,38 +179,47 @@ class Pattern:
     def __repr__(self) -> str:
         return f"Pattern({self.pattern!r})"
 
-    def _closure(self, seeds, begin: bool, end: bool) -> frozenset:
+    def _closure(self, seeds, begin: bool, end: int) -> frozenset:
+        """States reachable from ``seeds`` without reading a character. ``end`` is 2 at the
+        end of the name, 1 just before a final newline (where ``$`` matches but ``\\Z`` does
+        not, as in ``re``), 0 elsewhere."""
         seen, stack = set(), list(seeds)
         while stack:
             s = stack.pop()
             if s in seen:
                 continue
             seen.add(s)
-            kind, _pred, out = self._states[s]
+            kind, dollar, out = self._states[s]
             if kind == _SPLIT:
                 stack.extend(out)
-            elif kind == _BEGIN and begin or kind == _END and end:
+            elif kind == _BEGIN and begin or kind == _END and end >= 2 - bool(dollar):
                 stack.append(out)
         return frozenset(seen)
+
+    @staticmethod
+    def _end(name: str, pos: int) -> int:
+        n = len(name)
+        return 2 if pos == n else int(pos == n - 1 and name[-1] == "\n")
 
     def _matched(self, cur: frozenset) -> bool:
         return any(self._states[s][0] == _MATCH for s in cur)
 
     def search(self, name: str) -> bool:
         """True when the pattern matches somewhere in ``name`` (as ``re.search``)."""
-        n = len(name)
-        key = (None, n == 0)
+        end = self._end(name, 0)
+        key = (None, end)
         cur = self._cache.get(key)
         if cur is None:
-            cur = self._cache[key] = self._closure([self._start], True, n == 0)
+            cur = self._cache[key] = self._closure([self._start], True, end)
         for i, ch in enumerate(name):
             if self._matched(cur):
                 return True
-            key = (cur, ch, i + 1 == n)
+            end = self._end(name, i + 1)
+            key = (cur, ch, end)
             nxt = self._cache.get(key)
             if nxt is None:
                 moved = [out for s in cur for kind, pred, out in (self._states[s],) if kind == _CHAR and pred(ch)]
-                nxt = self._closure(moved + [self._start], False, i + 1 == n)
+                nxt = self._closure(moved + [self._start], False, end)
                 if len(self._cache) > 20000:  # bound the memo; it refills from what is used
                     self._cache.clear()
                 self._cache[key] = nxt
@@ -286,8 +295,8 @@ def _build(pattern: str) -> Pattern:
             at = str(av)
             if at in ("AT_BEGINNING", "AT_BEGINNING_STRING"):
                 return new(_BEGIN, None, nxt)
-            if at in ("AT_END", "AT_END_STRING"):
-                return new(_END, None, nxt)
+            if at in ("AT_END", "AT_END_STRING"):  # '$' also matches before a final newline
+                return new(_END, at == "AT_END", nxt)
             raise _Unsupported("word boundaries (\\b, \\B)")
         if name in ("MAX_REPEAT", "MIN_REPEAT"):
             lo, hi, body = av

@@ -52,6 +52,27 @@ def test_item1_catastrophic_pattern_is_matched_in_linear_time():
             validation.compile_pattern(bad)
 
 
+
+def test_probe_automaton_agrees_with_re_search_on_random_names():
+    """The skip-pattern automaton answers as ``re.search`` for every supported element
+    (classes with ranges and negation, categories, anchors, bounded repeats, empty branches,
+    non-greedy quantifiers, named characters) on random short names. ``$`` matches at the end
+    and before a final newline in ``re`` (``\\Z`` only at the end): ``a$`` on ``'a\\n'`` was
+    False in the automaton before."""
+    import random
+    import re
+    rng = random.Random(0)
+    alphabet = "ab._019Z \n-\u00e9\u0663"
+    pats = [r"^a$", r"a$", r"a\Z", r"\Aa", r"^$", r"$", r"[a-c]", r"[^a-c0-9]", r"[^\d]", r"[\w.]", r"[^\W_]", r"\d+",
+            r"\D\w\.\d", r"\s\S+", r"a{2,5}", r"a{0,300}b", r"(a|)b$", r"a*?b", r"a+?$", r"\N{LATIN SMALL LETTER E WITH ACUTE}",
+            r"^.*$", r"a.b", r"[]a]", r"[^]a]", r"(a*)*$", r"(a$|b)", r"a\n?$", r"a$\n", r"[0-9]{1,3}$", r"\n\Z"]
+    for p in pats:
+        pat = validation.compile_pattern(p)
+        for _ in range(300):
+            name = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
+            assert pat.search(name) == bool(re.search(p, name)), (p, name)
+
+
 # -- item 6: a comma inside a regex does not split it ------------------------------------------
 
 def test_item6_comma_inside_a_quantifier_is_not_a_separator(fp8):

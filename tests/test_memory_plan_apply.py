@@ -10,6 +10,7 @@ import torch
 def _tensor_bytes(ts) -> int:
     seen, n = set(), 0
     for t in ts:
+        t = getattr(t, "_qdata", t)  # core's QuantizedTensor (FP8's core path): its float8 data has the storage
         key = t.untyped_storage().data_ptr() if t.device.type == "cpu" and t.numel() else id(t)
         if key not in seen:
             seen.add(key)
@@ -55,8 +56,9 @@ def test_each_candidate_holds_what_it_predicted(comfy, io, loaded, key, tmp_path
         try:
             mm.load_models_gpu([out])
             held = _held_by_model(out)
-            if cand.offload_to == "disk":  # the streamed groups' files; RAM keeps the staging copies
-                disk = sum(f.stat().st_size for f in tmp_path.rglob("*.safetensors"))
+            if cand.offload_to == "disk":  # the disk store (a file with no name); RAM keeps the staging copies
+                from comfyui_memorykit.memorykit.comfy_integration.offload_patcher import group_offload_state_info
+                disk = group_offload_state_info(out.model)["figures"]["disk_bytes"]
                 assert abs(disk - cand.disk_bytes) <= 0.1 * cand.disk_bytes + (64 << 10), (cand.name, disk, cand.disk_bytes)
                 # RAM: diffusers' disk groups keep uninitialised placeholders of every streamed tensor
                 # (address space, pages never touched), so tracked tensor bytes cannot show the saving.
@@ -135,3 +137,80 @@ def test_fp8_plan_process_ram_matches_prediction(comfy, io, loaded, tmp_path):
           f"quantising scratch {figures.fp8_work_bytes / 2**20:.0f}); measured "
           f"weights + RSS growth {(figures.weight_bytes + grown) / 2**20:.0f} MiB (growth {grown / 2**20:.0f} MiB)")
     assert abs(figures.weight_bytes + grown - predicted) <= 0.1 * predicted
+
+
+@pytest.mark.parametrize("field", ["vram_gb", "ram_gb", "disk_gb"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_probe_given_figures_nan_or_inf_name_the_field(comfy, io, field, bad):
+    """NaN passes ComfyUI's min/max checks (every comparison is false); a NaN or infinite figure
+    was a bare 'cannot convert float NaN to integer' (OverflowError for inf) before."""
+    figs = {"vram_gb": 12.0, "ram_gb": 32.0, "disk_gb": 100.0} | {field: bad}
+    with pytest.raises(ValueError, match=f"^{field} is {bad!r}, not a finite number"):
+        io.given_machine(**figs)
+
+
+def test_probe_empty_latent_is_refused(comfy, io, loaded):
+    """A LATENT of batch 0 was planned ('as loaded', activations and FLOPs of nothing) before;
+    it is refused as every node refuses an empty batch (validation.nonempty_batch)."""
+    lm = loaded("wan")
+    with pytest.raises(ValueError, match=r"^latent: the LATENT holds no items \(shape \(0, 16, 2, 8, 8\)\)"):
+        io.latent_shape({"samples": torch.zeros(0, 16, 2, 8, 8)}, lm.patcher, 64, 64, 5)
+    assert io.latent_shape({"samples": torch.zeros(2, 16, 2, 8, 8)}, lm.patcher, 64, 64, 5) == [2, 16, 2, 8, 8]
+
+
+def _wan_vae(fixture_models):
+    import comfy.sd
+    import comfy.utils
+    return comfy.sd.VAE(sd=comfy.utils.load_torch_file(str(fixture_models["wan_vae"])))
+
+
+def test_probe_image_latent_for_a_video_latent_model(comfy, io, loaded, fixture_models):
+    """A 4-D LATENT (Empty SD3 Latent Image, as Qwen-Image workflows use) for a model with 3-D
+    latents: core's sampler adds the time axis (comfy/sample.py fix_empty_latent_channels), and so
+    does the plan. With the VAE wired this was an IndexError in the VAE's cost formula before."""
+    lm = loaded("wan")
+    shape = io.latent_shape({"samples": torch.zeros(1, 16, 8, 8)}, lm.patcher, 64, 64, 5)
+    assert shape == [1, 16, 1, 8, 8]
+    _, vae, info = io.memory_plan(lm.patcher, _wan_vae(fixture_models), {"samples": torch.zeros(1, 16, 8, 8)},
+                                  "given figures")
+    assert info["latent_shape"] == [1, 16, 1, 8, 8] and vae is not None
+
+
+def test_probe_vae_of_another_latent_kind_is_a_clear_error(comfy, io, loaded, fixture_models):
+    """A video VAE wired with an image model (or a 6-D LATENT): an IndexError in core's
+    ``memory_used_decode`` before; now a ValueError naming the vae and the dimensions."""
+    lm = loaded("sd15")
+    with pytest.raises(ValueError, match=r"^vae: .*3-D latents.*the latent \[1, 4, 8, 8\] has 2"):
+        io.memory_plan(lm.patcher, _wan_vae(fixture_models), None, "given figures", width=64, height=64)
+
+
+def test_probe_audio_vae_is_left_whole(comfy, io):
+    """Stable Audio's VAE (1-D latents, built on the meta device: only its geometry is read):
+    the plan leaves it untiled and says so. Before, Tiled VAE's 'handles image and video VAEs'
+    error stopped the whole plan of an audio model whose VAE was wired."""
+    import comfy.ldm.audio.autoencoder as ae
+    import comfy.sd
+    from comfyui_memorykit.memorykit import memory_plan as mp
+    with torch.device("meta"):
+        sd = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in ae.AudioOobleckVAE().state_dict().items()}
+        vae = comfy.sd.VAE(sd=sd)
+    assert vae.latent_dim == 1
+    for shape in ([1, 64, 215], [1, 64, 128, 128]):  # the LATENT, or width × height when none is wired
+        tile, sentence = io.plan_tiles(vae, mp.Machine(vram_bytes=0, ram_bytes=1 << 30, disk_bytes=0), shape)
+        assert tile is None and "no tiles" in sentence and "1-D" in sentence, sentence
+    assert io.planned_vae(vae, tile) is vae
+
+
+def test_probe_full_offload_disk_does_not_stop_a_plan(comfy, io, loaded, tmp_path):
+    """The disk read probe writes 64 MiB into the offload folder: on a disk with less free the
+    whole plan was a bare 'OSError: No space left on device', though nothing needed the disk.
+    Now the disk's speed is the default figure (not cached: measured again once there is room),
+    the plan runs, and nothing is left in the folder."""
+    from harness.tmpfs import small_tmpfs
+    from comfyui_memorykit.memorykit import memory_plan as mp
+    lm = loaded("sd15")
+    with small_tmpfs(tmp_path / "full", "16m") as full:
+        out, _, info = io.memory_plan(lm.patcher, plan_for="this machine", width=64, height=64, disk_folder=str(full))
+        assert info["pick"] == "as loaded" and info["machine"]["disk_read_bytes_per_s"] == mp.DEFAULT_DISK_READ
+        assert list(full.iterdir()) == []
+        assert not any(str(full) in k for k in io._CACHE)

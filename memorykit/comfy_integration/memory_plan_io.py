@@ -24,6 +24,7 @@ import torch
 
 from .. import fp8
 from .. import memory_plan as mp
+from .. import validation
 from ..offload_plan import GroupOffloadOptions
 from .compat import is_dynamic, patcher_free_memory
 from .fp8_patcher import FP8_ATTACHMENT, fp8_layerwise_cast, model_compute_dtype
@@ -96,13 +97,20 @@ def _flops(device: torch.device) -> float:
 def bandwidths(device, disk_folder: str) -> dict:
     """``{h2d_bytes_per_s, disk_read_bytes_per_s, flops_per_s}`` for ``device`` and the disk of
     ``disk_folder``, measured once per process (cached by device and folder). Without CUDA the
-    host→device figure is None (no bus to cross)."""
+    host→device figure is None (no bus to cross). A folder that cannot take the read probe
+    (a full or read-only disk) gets :data:`memorykit.memory_plan.DEFAULT_DISK_READ`, not cached."""
     device = torch.device(device)
     key = f"{device}|{os.path.realpath(disk_folder)}"
     if key not in _CACHE:
         h2d = _h2d_bandwidth(device) if device.type == "cuda" else None
-        _CACHE[key] = {"h2d_bytes_per_s": h2d, "disk_read_bytes_per_s": _disk_read(disk_folder),
-                       "flops_per_s": _flops(device)}
+        try:
+            disk = _disk_read(disk_folder)
+        except OSError as e:
+            _log.warning("Memory Plan: cannot measure the disk of %s (%s); assuming %.1f GB/s",
+                         disk_folder, e, mp.DEFAULT_DISK_READ / 1e9)
+            return {"h2d_bytes_per_s": h2d, "disk_read_bytes_per_s": mp.DEFAULT_DISK_READ,
+                    "flops_per_s": _flops(device)}
+        _CACHE[key] = {"h2d_bytes_per_s": h2d, "disk_read_bytes_per_s": disk, "flops_per_s": _flops(device)}
         _log.info("Memory Plan: measured %s", _CACHE[key])
     return dict(_CACHE[key])
 
@@ -132,8 +140,10 @@ def measure_machine(patcher, disk_folder: str = "") -> mp.Machine:
 
 def given_machine(vram_gb: float, ram_gb: float, disk_gb: float, dynamic_vram: bool = False) -> mp.Machine:
     """Another machine from its figures (GiB): bandwidths and throughput are the defaults of
-    :mod:`memorykit.memory_plan` (a PCIe 4.0 card, an NVMe SSD)."""
+    :mod:`memorykit.memory_plan` (a PCIe 4.0 card, an NVMe SSD). Raises ValueError naming the
+    field for a NaN, infinite, negative or (``ram_gb``) zero figure."""
     for name, v in (("vram_gb", vram_gb), ("ram_gb", ram_gb), ("disk_gb", disk_gb)):
+        validation.finite_number(v, name)  # NaN passes every comparison below
         if v < 0:
             raise ValueError(f"{name} must be ≥ 0 GiB, got {v}")
     if ram_gb <= 0:
@@ -145,10 +155,16 @@ def given_machine(vram_gb: float, ram_gb: float, disk_gb: float, dynamic_vram: b
 
 def latent_shape(latent: dict | None, patcher, width: int, height: int, frames: int) -> list[int]:
     """The latent the sampler will see: the LATENT's ``samples`` shape when wired, else one item
-    of ``width``×``height`` (``frames`` for video models) in the model's latent format."""
-    if latent is not None and isinstance(latent.get("samples"), torch.Tensor):
-        return list(latent["samples"].shape)
+    of ``width``×``height`` (``frames`` for video models) in the model's latent format. Raises
+    ValueError for a LATENT of batch 0. A 4-D LATENT for a model with 3-D latents gets a time
+    axis of 1, as core's sampler adds it (comfy/sample.py ``fix_empty_latent_channels``)."""
     fmt = patcher.model.latent_format
+    if latent is not None and isinstance(latent.get("samples"), torch.Tensor):
+        shape = list(latent["samples"].shape)
+        validation.nonempty_batch(shape, "latent", "LATENT")
+        if getattr(fmt, "latent_dimensions", 2) == 3 and len(shape) == 4:
+            shape.insert(2, 1)
+        return shape
     ch = int(getattr(fmt, "latent_channels", 4))
     s = int(getattr(fmt, "spacial_downscale_ratio", 8))
     if getattr(fmt, "latent_dimensions", 2) == 3:
@@ -211,8 +227,18 @@ def model_figures(patcher, shape: list[int]) -> mp.ModelFigures:
 def plan_tiles(vae, machine: mp.Machine, shape: list[int]) -> tuple[int | None, str]:
     """Tile size for decoding ``shape`` with ``vae`` on ``machine`` (see
     :func:`memorykit.memory_plan.choose_tile`); cost per latent pixel = core's
-    ``memory_used_decode`` for a 16×16 tile / 256, the cost model Tiled VAE uses."""
+    ``memory_used_decode`` for a 16×16 tile / 256, the cost model Tiled VAE uses. Raises
+    ValueError naming the vae when it decodes latents of other dimensions than ``shape``'s. A
+    VAE that Tiled VAE does not cut (1-D audio latents, an extra 1-D channel) is left whole."""
     from .tiled_vae_io import vae_shape
+    vae.throw_exception_if_invalid()
+    name = type(vae.first_stage_model).__name__
+    if vae.latent_dim not in (2, 3) or vae.extra_1d_channel is not None:
+        return None, (f"VAE: {name} has {vae.latent_dim}-D latents, which Tiled VAE does not cut: "
+                      "decoded whole by core's VAE Decode, no tiles.")
+    if len(shape) != vae.latent_dim + 2:
+        raise ValueError(f"vae: this VAE ({name}) decodes {vae.latent_dim}-D latents, "
+                         f"the latent {shape} has {len(shape) - 2}: connect the VAE made for this model")
     vs = vae_shape(vae)
     frames = shape[2] if len(shape) == 5 else None
     probe = [1, vs.latent_channels] + ([frames] if frames else []) + [16, 16]

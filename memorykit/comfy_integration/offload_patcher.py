@@ -233,8 +233,14 @@ def _standard_clone(model):
     without a second copy, see :func:`compat.opt_out_of_dynamic_vram`).
 
     Raises RuntimeError when another node pack's patcher class manages the model (its own load
-    logic would conflict with offloading) or when the MODEL has no diffusion model.
+    logic would conflict with offloading) or when the MODEL has no diffusion model; ValueError
+    when it comes through Balanced Device Map (both decide where the weights live).
     """
+    from .device_map_patcher import DEVICE_MAP_ATTACHMENT  # imports this module
+    if model.get_attachment(DEVICE_MAP_ATTACHMENT) is not None:
+        raise ValueError("Group Offload: this MODEL comes through Balanced Device Map, and both nodes decide where "
+                         "the weights live. Connect Group Offload to the loader (or LoRA loader) directly, or use "
+                         "Balanced Device Map alone.")
     n = opt_out_of_dynamic_vram(model, "Group Offload")
     if type(n) not in (comfy.model_patcher.ModelPatcher, GroupOffloadModelPatcher):
         raise RuntimeError(f"Group Offload needs a model managed by ComfyUI's standard ModelPatcher; this MODEL "
