@@ -8,6 +8,8 @@ it needs (never a version number) and does the right thing on both sides:
 - free memory as core itself would offer it: :func:`patcher_free_memory`;
 - saving: :func:`model_state_dict_for_saving` (0.33 moved it to ``ModelPatcher`` and made it lazy);
 - the VAE ``Decoder`` lost ``give_pre_end`` in 0.33: :func:`decoder_gives_pre_end`;
+- video VAEs whose own classes run time in causal chunks with a carried cache (0.33+):
+  :func:`core_carries_time`;
 - per-forward LoRA patches on float8 layers: :func:`apply_weight_patch`;
 - a private folder in the user directory: :func:`system_user_directory`.
 """
@@ -146,6 +148,34 @@ def decoder_gives_pre_end(decoder) -> bool:
     """True when a ``comfy.ldm...model.Decoder`` stops before its output head
     (``give_pre_end``, an attribute 0.33 removed along with the option)."""
     return bool(getattr(decoder, "give_pre_end", False))
+
+
+def core_carries_time(coder) -> bool:
+    """True when ``coder`` (a video VAE's ``encoder`` or ``decoder``) runs time itself in causal
+    chunks carrying each causal conv's last input frames from chunk to chunk, so that a whole-
+    length forward costs one chunk's memory and time need not be cut from outside:
+
+    - HunyuanVideo's ``Encoder``/``Decoder`` (comfy/ldm/modules/diffusionmodules/model.py) with
+      ``carried`` set (0.33+: ``CarriedConv3d`` + ``conv_carry_causal_3d``, chunks of 2 latent
+      frames; 0.3.75 has no ``carried`` and runs the whole length at once);
+    - HunyuanVideo 1.5's (comfy/ldm/hunyuan_video/vae_refiner.py) where that module uses
+      ``conv_carry_causal_3d`` (0.3.75 and 0.33: chunks of 2 latent frames);
+    - LTX-Video's (comfy/ldm/lightricks/vae/causal_video_autoencoder.py) whose ``CausalConv3d``
+      layers keep a ``temporal_cache_state`` (0.33+: the encoder always chunks, the decoder
+      when a chunk would exceed its memory share).
+
+    Wan's ``feat_cache`` is detected by class in ``tiled_vae_io.vae_shape``."""
+    import sys
+    if coder is None:
+        return False
+    if getattr(coder, "carried", False) is True:
+        return True
+    mod = sys.modules.get(type(coder).__module__)
+    if type(coder).__module__.endswith("hunyuan_video.vae_refiner") and hasattr(mod, "conv_carry_causal_3d"):
+        return True
+    if type(coder).__module__.endswith("lightricks.vae.causal_video_autoencoder"):
+        return any(isinstance(getattr(m, "temporal_cache_state", None), dict) for m in coder.modules())
+    return False
 
 
 def core_fp8_format(storage_dtype: torch.dtype) -> tuple[str, str] | None:

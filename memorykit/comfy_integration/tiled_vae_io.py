@@ -12,6 +12,7 @@ import comfy.model_management as mm
 from .. import tiled_vae as tv
 from ..norm_stats import SharedGroupNormStats
 from .compat import decoder_gives_pre_end, patcher_free_memory
+from .vae_time import carried_decode, time_mode
 
 @dataclass
 class TiledVAEOptions:
@@ -32,9 +33,11 @@ def input_channels(vae) -> int:
     return int(getattr(vae, "output_channels", 3) or 3)
 
 
-def vae_shape(vae) -> tv.VAEShape:
-    """Geometry of a ``comfy.sd.VAE`` for tiling. Raises ValueError for VAEs this node does not
-    tile (1-D audio latents, latents with an extra 1-D channel, unknown time mappings)."""
+def vae_shape(vae, direction: str = "decode") -> tv.VAEShape:
+    """Geometry of a ``comfy.sd.VAE`` for tiling in ``direction`` (``"decode"``/``"encode"``):
+    ``time_cache`` is set where time is never cut (a causal time cache carried by the VAE or by
+    the pack, :func:`vae_time.time_mode`). Raises ValueError for VAEs this node does not tile
+    (1-D audio latents, latents with an extra 1-D channel, unknown time mappings)."""
     vae.throw_exception_if_invalid()
     if vae.latent_dim not in (2, 3) or vae.extra_1d_channel is not None:
         raise ValueError(f"Tiled VAE handles image and video VAEs; {type(vae.first_stage_model).__name__} has "
@@ -51,10 +54,7 @@ def vae_shape(vae) -> tv.VAEShape:
     else:
         raise ValueError(f"{type(vae.first_stage_model).__name__}: unsupported time mapping "
                          f"({[up(n) for n in (1, 2, 3)]} frames for 1..3 latent frames)")
-    import comfy.ldm.wan.vae as wan21
-    import comfy.ldm.wan.vae2_2 as wan22
-    time_cache = isinstance(vae.first_stage_model, (wan21.WanVAE, wan22.WanVAE))
-    return tv.VAEShape(int(vae.latent_channels), spatial, k, causal, time_cache)
+    return tv.VAEShape(int(vae.latent_channels), spatial, k, causal, time_mode(vae, direction) != "tiles")
 
 
 def _latent_patch(model) -> int:
@@ -63,26 +63,42 @@ def _latent_patch(model) -> int:
     return int(getattr(model, "ps", [1])[0]) if getattr(model, "bn", None) is not None else 1
 
 
-def blend_rule(vae, shape: tv.VAEShape) -> tuple[float, bool]:
+def _frame_spanning_groupnorm(vae) -> bool:
+    """HunyuanVideo's VAE (``comfy.ldm...diffusionmodules.model`` Encoder/Decoder with 3-D
+    convs): plain GroupNorms over all frames of their input, as image VAEs."""
+    from comfy.ldm.modules.diffusionmodules.model import Decoder, Encoder
+    m = vae.first_stage_model
+    return type(getattr(m, "decoder", None)) is Decoder and type(getattr(m, "encoder", None)) is Encoder
+
+
+def blend_rule(vae, shape: tv.VAEShape, time_cut: bool = True) -> tuple[float, bool]:
     """(feather, shared GroupNorm statistics allowed) for this VAE — chosen by its structure.
 
-    Video VAEs without a causal time cache (HunyuanVideo, HunyuanVideo 1.5, LTX-Video, Mochi,
-    Cosmos): cross-fade over the whole overlap (feather 1.0, as core's ramp) and no shared
-    statistics. Their GroupNorms normalise over frames × height × width, and the statistics
-    pre-pass (one downsampled first temporal tile) sees other frames than each tile, so shared
-    statistics hurt even with time uncut; their activations near a tile border are far from the
-    untiled ones, so a wide blend averages more of that away. Measured on the zoo (0.33.0, CPU,
-    tests/test_vae_zoo.py sizes; ours with stats/feather 0.25 → chosen, core):
-    HunyuanVideo decode 1.41 → 1.12 (core 1.18), spatial-only 1.45 → 0.98 (core 1.10);
-    Mochi decode 0.81 → 0.76 (core 0.80), encode 0.86 → 0.79 (core 0.81); LTX-Video encode
-    0.751 → 0.731 (core 0.748); Cosmos decode 0.187 → 0.162 (core 0.285), spatial-only encode
-    0.051 → 0.048 (core 0.057); issue 25: Mochi spatial-only decode 0.51 with stats, 0.27
-    without (core 0.29), Cosmos spatial-only encode 0.105 at feather 0.25, core 0.076.
+    HunyuanVideo with time uncut (``time_cut`` False: its own causal chunks on 0.33+, or
+    temporal tiles longer than the video): as image VAEs and Wan, feather 0.25 and shared
+    statistics; with the global head/tail that is 0.24 of core's error decoding (0.33.0 zoo:
+    0.287 vs core 1.185; 0.28 vs 1.18 on 0.3.75 with time uncut), encoding 0.36 (0.342 vs
+    0.955); without statistics 0.58 (decode, 0.3.75).
+
+    Video VAEs where time is cut into temporal tiles, and the others (HunyuanVideo 1.5, LTX-Video,
+    Mochi, Cosmos: no plain frame-spanning GroupNorm — RMS, pixel and per-frame norms):
+    cross-fade over the whole overlap (feather 1.0, as core's ramp) and no shared
+    statistics (LTX-Video time uncut: 0.44 of core's error at feather 1.0, 0.47 at 0.25;
+    HunyuanVideo 1.5 0.29 vs 0.31). With temporal tiles each tile's GroupNorms see other frames
+    than the statistics pre-pass (one downsampled first temporal tile), so shared statistics
+    hurt; Mochi's GroupNorms are per frame (the hooks would pool frames). Measured on the zoo
+    (0.33.0, CPU, tests/test_vae_zoo.py sizes, temporal tiles; ours with stats/feather 0.25 →
+    chosen, core): HunyuanVideo decode 1.41 → 1.12 (core 1.18); Mochi decode 0.81 → 0.76 (core
+    0.80), encode 0.86 → 0.79 (core 0.81); LTX-Video encode 0.751 → 0.731 (core 0.748); Cosmos
+    decode 0.187 → 0.162 (core 0.285), spatial-only encode 0.051 → 0.048 (core 0.057); issue 25:
+    Mochi spatial-only decode 0.51 with stats, 0.27 without (core 0.29), Cosmos spatial-only
+    encode 0.105 at feather 0.25, core 0.076.
     Image VAEs and Wan 2.1/2.2 (time never cut, the cache carried by the VAE): feather 0.25
     (seam in the middle of the overlap; SD/Wan figures in ``memorykit/tiled_vae.py``), shared
     statistics on.
     """
-    if shape.video and not shape.time_cache:
+    from .vae_time import _is_wan
+    if shape.video and (time_cut or not (_is_wan(vae.first_stage_model) or _frame_spanning_groupnorm(vae))):
         return 1.0, False
     return tv.DEFAULT_FEATHER, True
 
@@ -91,14 +107,19 @@ def _decode_heads(model) -> list[tuple[torch.nn.Module, int, str]]:
     """Split points of decoders known to work with a global head, deepest first:
     ``(module, scale vs latent grid, name)``. Empty for other VAEs (plain tiling)."""
     import comfy.ldm.wan.vae as wan21
+    import comfy.ldm.wan.vae2_2 as wan22
     from comfy.ldm.modules.diffusionmodules.model import Decoder
     dec = getattr(model, "decoder", None)
-    if type(dec) is Decoder and not decoder_gives_pre_end(dec) and not getattr(dec, "carried", False):
+    if type(dec) is Decoder and not decoder_gives_pre_end(dec):
         top, r = dec.num_resolutions - 1, _latent_patch(model)
         heads = [(dec.up[top].upsample, 2 * r, f"decoder.up.{top}.upsample")] if top > 0 else []
         return heads + [(dec.mid.block_2, r, "decoder.mid.block_2")]
     if type(dec) is wan21.Decoder3d:
         ups = [i for i, m in enumerate(dec.upsamples) if isinstance(m, wan21.Resample) and m.mode.startswith("upsample")]
+        heads = [(dec.upsamples[ups[0]], 2, f"decoder.upsamples.{ups[0]}")] if ups else []
+        return heads + [(dec.middle[-1], 1, f"decoder.middle.{len(dec.middle) - 1}")]
+    if type(dec) is wan22.Decoder3d:  # Wan 2.2: zoo decode 0.041 of core's error (middle only 0.11, none 0.52)
+        ups = [i for i, m in enumerate(dec.upsamples) if any(isinstance(r, wan22.Resample) for r in m.upsamples)]
         heads = [(dec.upsamples[ups[0]], 2, f"decoder.upsamples.{ups[0]}")] if ups else []
         return heads + [(dec.middle[-1], 1, f"decoder.middle.{len(dec.middle) - 1}")]
     return []
@@ -108,6 +129,7 @@ def _encode_tails(model) -> list[tuple[torch.nn.Module, int, str]]:
     """Split points of encoders known to work with a global tail, deepest first:
     ``(module whose input is on the latent grid × scale, scale, name)``. Empty for other VAEs."""
     import comfy.ldm.wan.vae as wan21
+    import comfy.ldm.wan.vae2_2 as wan22
     from comfy.ldm.modules.diffusionmodules.model import Encoder
     enc = getattr(model, "encoder", None)
     if type(enc) is Encoder:
@@ -118,6 +140,13 @@ def _encode_tails(model) -> list[tuple[torch.nn.Module, int, str]]:
         return tails + [(enc.mid.block_1, r, "encoder.mid.block_1")]
     if type(enc) is wan21.Encoder3d:
         downs = [i for i, m in enumerate(enc.downsamples) if isinstance(m, wan21.Resample)]
+        tails = [(enc.downsamples[downs[-1]], 2, f"encoder.downsamples.{downs[-1]}")] if downs else []
+        i = downs[-1] + 1 if downs else len(enc.downsamples)
+        if i < len(enc.downsamples):
+            return tails + [(enc.downsamples[i], 1, f"encoder.downsamples.{i}")]
+        return tails + [(enc.middle[0], 1, "encoder.middle.0")]
+    if type(enc) is wan22.Encoder3d:  # Wan 2.2: zoo encode 0.050 of core's error (middle only 0.23, none 0.40)
+        downs = [i for i, m in enumerate(enc.downsamples) if any(isinstance(r, wan22.Resample) for r in m.downsamples)]
         tails = [(enc.downsamples[downs[-1]], 2, f"encoder.downsamples.{downs[-1]}")] if downs else []
         i = downs[-1] + 1 if downs else len(enc.downsamples)
         if i < len(enc.downsamples):
@@ -139,12 +168,13 @@ def _head_bytes(vae, fn, module: torch.nn.Module, scale: int, plan, probe, probe
     more pixels)."""
     from ..global_context import GlobalHead
     n = plan.grid_shape[-1] * plan.grid_shape[-2]
+    frames = plan.tile_shape[0] if len(plan.axes) == 3 else 1
     if probe_sides is not None:
         def run(z):
             GlobalHead(module, scale=scale).capture(lambda: fn(z), tuple(z.shape[-2:]))
         return tv.measure_tile_cost(run, probe, vae.device, sides=probe_sides).bytes_for(n)
     ch = max((p.shape[0] for p in module.parameters() if p.ndim >= 2), default=512)
-    return ch * n * (4 + 3 * scale * scale) * mm.dtype_size(vae.vae_dtype)
+    return ch * n * frames * (4 + 3 * scale * scale) * mm.dtype_size(vae.vae_dtype)
 
 
 def _tail_bytes(vae, module: torch.nn.Module, scale: int, plan) -> float:
@@ -167,11 +197,13 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     0 (0.9 × free RAM, rarely binding) the VAE's own model is used and the probes are skipped.
     """
     import comfy.utils
-    shape = vae_shape(vae)
+    shape = vae_shape(vae, direction)
     dims = tuple(x.shape[2:])
-    rule_feather, rule_stats = blend_rule(vae, shape)
     # Temporal fields only matter where time is cut (video VAEs without a causal cache).
     temporal = (opts.temporal_size, opts.temporal_overlap) if shape.video and not shape.time_cache else (1, 0)
+    plan = tv.make_plan(shape, direction, dims, opts.tile_px, opts.overlap_px, *temporal)
+    time_cut = shape.video and len(plan.axes[0].starts) > 1
+    rule_feather, rule_stats = blend_rule(vae, shape, time_cut)
     args = (*temporal, rule_feather if opts.feather is None else opts.feather)
     plan = tv.make_plan(shape, direction, dims, opts.tile_px, opts.overlap_px, *args)
     s = shape.spatial_factor
@@ -254,8 +286,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
         "tile_px": [n * s for n in plan.tile_shape[-2:]], "tile_limit_px": min(t, max(grid_hw)) * s,
         "overlap_px": opts.overlap_px,
         "plan": plan.describe(), "tiles_per_item": plan.num_tiles,
-        "time": ("none" if not shape.video else "whole length per tile (causal cache carried by the VAE)"
-                 if shape.time_cache else f"tiles of {plan.tile_shape[0]} latent frames"),
+        "time": _time_info(vae, direction, shape, plan, opts),
         "shared_norm_stats": bool(norm and norm.available and plan.num_tiles > 1),
         "global_context": (head[2] if head else tail[2] if tail else "off"),
         "global_context_kept_on": str(head_store) if head else None,
@@ -265,6 +296,23 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
         "seconds": round(time.perf_counter() - t0, 3),
     }
     return out, info
+
+
+def _time_info(vae, direction: str, shape: tv.VAEShape, plan, opts: TiledVAEOptions) -> str:
+    if not shape.video:
+        return "none"
+    mode = time_mode(vae, direction)
+    if mode == "core":
+        return "whole length per tile (causal cache carried by the VAE)"
+    if mode == "carry":
+        return f"whole length per tile, chunks of {carry_chunk(shape, opts)} latent frames (causal cache carried by Tiled VAE)"
+    return f"tiles of {plan.tile_shape[0]} latent frames"
+
+
+def carry_chunk(shape: tv.VAEShape, opts: TiledVAEOptions) -> int:
+    """Latent frames per chunk of a carried decode: as many as ``temporal_size`` frames hold."""
+    k = shape.time_factor
+    return max(1, (opts.temporal_size - 1) // k + 1 if shape.causal_time else opts.temporal_size // k)
 
 
 def _deferred(vae, direction: str, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -305,7 +353,7 @@ def tiled_vae_decode(vae, samples: torch.Tensor, opts: TiledVAEOptions) -> tuple
         vae.throw_exception_if_invalid()
         return _deferred(vae, "decode", samples)
     opts = planned_options(vae, opts)
-    shape = vae_shape(vae)
+    shape = vae_shape(vae, "decode")
     want = 5 if shape.video else 4
     if samples.ndim != want:
         raise ValueError(f"LATENT has shape {tuple(samples.shape)}; this VAE ({type(vae.first_stage_model).__name__}) "
@@ -317,6 +365,10 @@ def tiled_vae_decode(vae, samples: torch.Tensor, opts: TiledVAEOptions) -> tuple
 
     def fn(z):
         return model.decode(z.to(dtype).to(device)).to(out_dev).float()
+
+    if shape.video and time_mode(vae, "decode") == "carry":
+        tv.check_tile_args(opts.tile_px, opts.overlap_px, opts.temporal_size, opts.temporal_overlap)
+        fn = carried_decode(vae, fn, carry_chunk(shape, opts), mm.throw_exception_if_processing_interrupted)
 
     def cost_model(frames, s):
         dims = (1, shape.latent_channels) + ((frames,) if shape.video else ()) + (16, 16)
@@ -340,7 +392,7 @@ def tiled_vae_encode(vae, pixels: torch.Tensor, opts: TiledVAEOptions) -> tuple[
         vae.throw_exception_if_invalid()
         return _deferred(vae, "encode", pixels)
     opts = planned_options(vae, opts)
-    shape = vae_shape(vae)
+    shape = vae_shape(vae, "encode")
     if pixels.ndim != 4 or pixels.shape[-1] < 3:
         raise ValueError(f"pixels: IMAGE has shape {tuple(pixels.shape)}; expected [batch, height, width, "
                          "channels] with 3 (RGB) or 4 (RGBA) channels: connect an IMAGE output (Load Image, VAE Decode)")
