@@ -14,19 +14,21 @@ def _tiling_inputs() -> list:
                              "processed whole, exactly as VAE Decode/Encode would. A VAE from Memory Plan caps it "
                              "at the planned tile (unless memory_budget_gb is set)."),
         io.Int.Input("overlap", default=64, min=0, max=8192, step=8,
-                     tooltip="Pixels shared by neighbouring tiles; must be smaller than tile_size. Image VAEs "
-                             "and Wan: the seam sits in the middle of the overlap, cross-faded over a quarter of "
-                             "it, the rest is context that hides the borders; other video VAEs (HunyuanVideo, "
-                             "LTX, Mochi, Cosmos) cross-fade over the whole overlap. Larger = fewer visible "
+                     tooltip="Pixels shared by neighbouring tiles; must be smaller than tile_size. Image VAEs, "
+                             "Wan and HunyuanVideo with time uncut: the seam sits in the middle of the overlap, "
+                             "cross-faded over a quarter of it, the rest is context that hides the borders; other "
+                             "video VAEs (HunyuanVideo 1.5, LTX, Mochi, Cosmos) cross-fade over the whole overlap. Larger = fewer visible "
                              "seams, more work."),
         io.Int.Input("temporal_size", default=64, min=1, max=4096, step=1,
                      tooltip="Video VAEs only: frames per temporal tile (not used, nor checked, for image VAEs). "
-                             "Ignored by VAEs that decode time causally "
-                             "with a feature cache (Wan 2.1/2.2): they already run one latent frame at a time with "
-                             "the cache carried over, so time is never cut and stays exact."),
+                             "Ignored where the VAE itself runs time in causal "
+                             "chunks with a carried cache (Wan 2.1/2.2, HunyuanVideo 1.5; HunyuanVideo and LTX on "
+                             "ComfyUI 0.33+): time is never cut and stays exact. Mochi decode: time is never cut "
+                             "either, each tile decodes chunks of this many frames with the cache carried by "
+                             "this node (exact)."),
         io.Int.Input("temporal_overlap", default=8, min=0, max=4096, step=1,
                      tooltip="Video VAEs only: frames shared by neighbouring temporal tiles (smaller than "
-                             "temporal_size). Ignored for Wan (see temporal_size)."),
+                             "temporal_size). Ignored where time is never cut (see temporal_size)."),
         io.Float.Input("memory_budget_gb", default=0.0, min=0.0, max=4096.0, step=0.25,
                        tooltip="Memory (GiB) this node may use on the VAE's device: VAE weights + one tile. The "
                                "largest tile up to tile_size that fits is chosen, from a measured cost on CUDA "
@@ -34,12 +36,12 @@ def _tiling_inputs() -> list:
         io.Boolean.Input("shared_norm_stats", default=True,
                          tooltip="Give every tile the whole image's GroupNorm statistics (estimated by one "
                                  "downsampled pass) instead of its own, which removes per-tile colour shifts. "
-                                 "Image VAEs and Wan only: HunyuanVideo, LTX, Mochi and Cosmos keep each tile's "
-                                 "own (shared ones measured worse there)."),
+                                 "Image VAEs, Wan and HunyuanVideo with time uncut only: HunyuanVideo 1.5, LTX, Mochi "
+                                 "and Cosmos keep each tile's own (shared ones measured worse there)."),
         io.Boolean.Input("global_context", default=True,
                          tooltip="Run the VAE's low-resolution middle part (with its global attention) once on the "
-                                 "whole latent and give each tile its crop (SD-family, Flux, Flux 2, Qwen-Image and "
-                                 "Wan 2.1 VAEs). Much closer "
+                                 "whole latent and give each tile its crop (SD-family, Flux, Flux 2, Qwen-Image, "
+                                 "Wan 2.1/2.2 VAEs, HunyuanVideo with time uncut). Much closer "
                                  "to the untiled result; costs memory proportional to the whole latent."),
     ]
 

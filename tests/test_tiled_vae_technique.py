@@ -240,3 +240,49 @@ def test_statistics_of_half_precision_are_computed_in_float32(mk):
     var, mean = mk.ns._var_mean_f32(x, dim=[0, 2, 3])
     ref_var, ref_mean = torch.var_mean(x.float(), dim=[0, 2, 3], correction=0, keepdim=True)
     assert var.dtype == torch.float32 and torch.allclose(mean, ref_mean) and torch.allclose(var, ref_var, rtol=1e-4)
+
+
+class _CausalConv(nn.Module):
+    """Causal time conv: front padding of ``kernel_t − 1`` frames (zeros or replicate)."""
+
+    def __init__(self, ch: int, kt: int, mode: str):
+        super().__init__()
+        self.kt, self.mode = kt, mode
+        self.conv = nn.Conv3d(ch, ch, (kt, 3, 3), padding=(0, 1, 1))
+
+    def forward(self, x):
+        return self.conv(nn.functional.pad(x, (0, 0, 0, 0, self.kt - 1, 0), mode=self.mode))
+
+
+class _DepthToTime(nn.Module):
+    """×k time upsampler that keeps only the last of the first frame's k (Mochi's DepthToSpaceTime)."""
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.k = k
+
+    def forward(self, x):
+        b, c, t, h, w = x.shape
+        y = x.reshape(b, c // self.k, self.k, t, h, w).permute(0, 1, 3, 2, 4, 5).reshape(b, c // self.k, t * self.k, h, w)
+        return y[:, :, self.k - 1:]
+
+
+@pytest.mark.parametrize("mode", ["constant", "replicate"])
+def test_time_carry_chunks_equal_the_whole_forward(comfy, mode):
+    """A causal decoder (time convs with zero or replicate padding, a ×2 depth-to-time upsampler,
+    pointwise layers) run in chunks of 1, 2 and 3 frames with the carried cache equals the whole
+    forward; chunks without it do not; no hook is left."""
+    from comfyui_memorykit.memorykit.time_carry import Link, TimeCarry
+    torch.manual_seed(0)
+    a, b, up = _CausalConv(8, 3, mode), _CausalConv(4, 2, mode), _DepthToTime(2)
+    net = nn.Sequential(a, nn.SiLU(), up, b, nn.Conv3d(4, 3, 1)).eval()
+    links = [Link(a, 2), Link(up, 1, 2, 1), Link(b, 1)]
+    x = torch.randn(1, 8, 7, 5, 6)
+    with torch.no_grad():
+        ref = net(x)
+        for chunk in (1, 2, 3):
+            out = TimeCarry(links).run(net, x, chunk)
+            assert out.shape == ref.shape and torch.allclose(out, ref, atol=1e-5), chunk
+        plain = torch.cat([net(x[:, :, :3]), net(x[:, :, 3:])], 2)
+        assert plain.shape != ref.shape or not torch.allclose(plain, ref, atol=1e-3)
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in net.modules())
