@@ -45,17 +45,25 @@ class _Calls:
         return k
 
 
+class _Captured(Exception):
+    """Raised by a ``stop`` head's hook once its output is kept: ends the capture run."""
+
+
 class GlobalHead:
     """Output of ``module`` (last two dims = latent height/width) computed on the whole input.
 
     ``store_device``: where captured outputs are kept (default: where they were computed);
     ``scale``: resolution of the output relative to the latent grid (1 = latent resolution,
-    2 = after one 2× upsampling).
+    2 = after one 2× upsampling). ``stop``: the module runs once per forward and the capture run
+    ends right after it (an exception the capture catches) instead of continuing on a 1×1 crop —
+    for decoders whose later layers cannot run on a stand-in (LTX-Video's writes into an output
+    buffer sized from its input); their tiles then run the head's layers on their own input.
     """
 
-    def __init__(self, module: nn.Module, store_device=None, scale: int = 1):
+    def __init__(self, module: nn.Module, store_device=None, scale: int = 1, stop: bool = False):
         self.module = module
         self.scale = int(scale)
+        self.stop = bool(stop)
         self.store_device = store_device
         self.outputs: list[torch.Tensor] = []
         self.stats: list[tuple[torch.Tensor, ...]] = []
@@ -84,10 +92,15 @@ class GlobalHead:
             flat = out.detach().reshape((-1,) + tuple(out.shape[-3:]))
             self.stats.append(channel_stats(flat, per_sample=True))  # where it was computed: fast
             self.outputs.append(out.detach().to(self.store_device or out.device))
+            if self.stop:
+                raise _Captured()
             return out[..., :1, :1]
 
         with self._hook(keep):
-            run()
+            try:
+                run()
+            except _Captured:
+                pass
 
     def resized(self, hw: tuple[int, int]):
         """Context: ``module`` returns the captured output resized (nearest-exact) to ``hw``."""

@@ -145,7 +145,7 @@ def _spatial_weights(plan: TilePlan, idx: tuple[int, ...]) -> torch.Tensor:
 
 def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan: TilePlan, *,
               norm_stats: SharedGroupNormStats | None = None, head_module: nn.Module | None = None, head_scale: int = 1,
-              head_store_device=None,
+              head_store_device=None, head_stop: bool = False,
               tail_module: nn.Module | None = None, tail_scale: int = 1, tail_dummy: Callable[[torch.Tensor], torch.Tensor] | None = None,
               on_step: Callable[[], None] | None = None, output_device=None) -> torch.Tensor:
     """Apply ``fn`` tile by tile and blend: one pass, each tile run once.
@@ -158,7 +158,8 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
     - ``head_module`` (decode, see :class:`GlobalHead`): one run of ``fn`` on the whole item
       keeps that module's output (on ``head_store_device``, default ``output_device``); each
       tile gets its crop. ``head_scale``: its resolution vs the latent grid. Requires time not
-      to be tiled.
+      to be tiled. ``head_stop``: see :class:`GlobalHead` ``stop`` (tiles then run on their
+      own input).
     - ``norm_stats``: a statistics pre-pass on a downsampled copy (see ``norm_stats.py``);
       every tile then normalises with those statistics.
     - the tiles, blended with the plan's weights;
@@ -207,7 +208,8 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
             continue
         head = tail = None
         if head_module is not None:
-            head = GlobalHead(head_module, store_device=head_store_device or output_device, scale=head_scale)
+            head = GlobalHead(head_module, store_device=head_store_device or output_device, scale=head_scale,
+                              stop=head_stop)
             head.capture(lambda xb=xb: fn(xb), plan.grid_shape[-2:])
             step()
         if tail_module is not None:
@@ -216,7 +218,7 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
             probe, probe_hw = _stats_probe(xb, plan)
             ctx = head.resized(probe_hw) if head else tail.skipping() if tail else contextlib.nullcontext()
             with norm_stats.recording(), ctx:
-                fn(_first_unit(probe) if head else probe)
+                fn(_first_unit(probe) if head and not head_stop else probe)
             del probe
             step()
         with (norm_stats.replaying() if use_stats else contextlib.nullcontext()):
@@ -231,7 +233,7 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
                     ctx = contextlib.nullcontext()
                 xt = xb[(slice(None), slice(None)) + ins]
                 with ctx:
-                    y = fn(_first_unit(xt) if head else xt)
+                    y = fn(_first_unit(xt) if head and not head_stop else xt)
                 if not tail:
                     put(b, outs, y, plan.weights(idx))
                 del y
