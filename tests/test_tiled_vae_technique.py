@@ -170,6 +170,41 @@ def test_global_head_and_tail_make_a_global_op_exact(mk):
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in list(dec.modules()) + list(enc.modules()))
 
 
+class _SizedTail(nn.Module):
+    """Stands for layers that cannot run on a stand-in input (LTX-Video's decoder writes into an
+    output buffer sized from its input): refuses an input of another size than the model's."""
+
+    def __init__(self):
+        super().__init__()
+        self.expect = None
+
+    def forward(self, x):
+        if self.expect is not None and tuple(x.shape[-2:]) != self.expect:
+            raise RuntimeError("sized tail got a stand-in")
+        return x
+
+
+def test_a_stop_head_ends_the_capture_and_tiles_use_their_own_input(mk):
+    """``head_stop``: the capture run ends at the head (nothing after it runs on a 1×1 stand-in),
+    tiles run the head's layers on their own input; result exact for a global op; no hook left."""
+    torch.manual_seed(3)
+    mix, sized = _Mix(), _SizedTail()
+    dec = nn.Sequential(nn.Conv2d(4, 8, 1), mix, sized, nn.Upsample(scale_factor=8), nn.Conv2d(8, 3, 1)).eval()
+    z = torch.randn(1, 4, 20, 26)
+
+    class Guard(nn.Module):  # the model's input size fixes the size the tail accepts
+        def forward(self, x):
+            sized.expect = tuple(x.shape[-2:])
+            return dec(x)
+    with torch.inference_mode():
+        plan = mk.tv.make_plan(mk.tv.VAEShape(4, 8), "decode", (20, 26), 64, 16)
+        with pytest.raises(RuntimeError, match="stand-in"):
+            mk.tv.run_tiled(z, Guard(), plan, head_module=mix)
+        out = mk.tv.run_tiled(z, Guard(), plan, head_module=mix, head_stop=True)
+        assert torch.allclose(out, Guard()(z), atol=1e-5)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in dec.modules())
+
+
 def test_interrupt_mid_run_leaves_no_hook(mk):
     net = _GNNet().eval()
     plan = mk.tv.make_plan(mk.tv.VAEShape(4, 1), "decode", (32, 32), 16, 4)
