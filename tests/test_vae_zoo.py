@@ -204,7 +204,8 @@ def test_spatial_tiles_only(name, direction, ci):
           f"tiles {info['tiles_per_item']}")
     assert ours.shape == ref.shape and info["tiles_per_item"] > 1 and info["plan"]["tiles_per_axis"][0] == 1
     assert e_ours <= _allowed(e_core)
-    if name == "hunyuan_video":  # time uncut on every core: global head + shared statistics (0.26 of core's here)
+    # time uncut on every core: global head (+ shared statistics on HunyuanVideo); 0.21-0.26 of core's here
+    if (name, direction) in (("hunyuan_video", "decode"), ("ltxv", "decode")):
         assert e_ours <= 0.3 * e_core
 
 
