@@ -41,7 +41,8 @@ def _tiling_inputs() -> list:
         io.Boolean.Input("global_context", default=True,
                          tooltip="Run the VAE's low-resolution middle part (with its global attention) once on the "
                                  "whole latent and give each tile its crop (SD-family, Flux, Flux 2, Qwen-Image, "
-                                 "Wan 2.1/2.2 VAEs, HunyuanVideo with time uncut). Much closer "
+                                 "Wan 2.1/2.2, HunyuanVideo 1.5, Mochi decode; HunyuanVideo and LTX decode "
+                                 "with time uncut). Much closer "
                                  "to the untiled result; costs memory proportional to the whole latent."),
     ]
 
