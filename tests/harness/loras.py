@@ -82,3 +82,18 @@ def ensure_big_lora() -> Path:
         make_sd15_lora(path, seed=4343, targets=BIG_TARGETS, updown_std=0.3)
         stamp.touch()
     return path
+
+
+# A LoRA the size of the weights: the same layers as the big one, up and down std 0.1, so each ΔW
+# element has std 0.1 · 0.1 · sqrt(4) = 0.02 = the fixture's weight std (at strength 2: twice it).
+SIZED_LORA_NAME = "mk_sd15_lora_sized.safetensors"
+
+
+def ensure_sized_lora() -> Path:
+    """Path of :data:`SIZED_LORA_NAME` (generated on first use, then cached)."""
+    path = paths.MODELS / "loras" / SIZED_LORA_NAME
+    stamp = path.with_name(path.name + f".v{LORA_VERSION}.ok")
+    if not path.exists() or not stamp.exists():
+        make_sd15_lora(path, seed=4444, targets=BIG_TARGETS, updown_std=0.1)
+        stamp.touch()
+    return path
