@@ -25,6 +25,25 @@ def example_names() -> list[str]:
     return sorted(p.stem for p in EXAMPLES.glob("*.json"))
 
 
+def pack_node_types(name: str) -> set[str]:
+    """The MemoryKit node types (``MemoryKit*``) in ``example_workflows/<name>.json``."""
+    ui = json.loads((EXAMPLES / f"{name}.json").read_text())
+    return {n["type"] for n in ui["nodes"] if n["type"].startswith("MemoryKit")}
+
+
+def covering_examples() -> list[str]:
+    """The fewest example workflows (greedy set cover, ties by name) that hold between them every
+    MemoryKit node type found in any example, sorted."""
+    kinds = {name: pack_node_types(name) for name in example_names()}
+    left = set().union(*kinds.values())
+    chosen = []
+    while left:
+        best = max(sorted(kinds), key=lambda n: len(kinds[n] & left))
+        chosen.append(best)
+        left -= kinds[best]
+    return sorted(chosen)
+
+
 # Real model files named by the example workflows → the generated fixtures that stand in for
 # them (same architecture, tiny, random weights). Generated on first use where noted.
 MODEL_FILES = {
