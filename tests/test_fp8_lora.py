@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 import torch
 from harness import loras
-from harness.fp8_checks import cast, load_and_forward, rel
+from harness.fp8_checks import cast, dequantised_weights, load_and_forward, rel, with_weights
 
 STRENGTHS = (0.5, 1.0, 2.0)
 SIGMA = 1.0  # inside SD1.5's schedule (sigma 0.029 … 14.6)
@@ -127,24 +127,11 @@ def test_whole_model_keeps_a_weight_sized_lora_within_twice_fp8_error(ci, sd15):
         assert after <= 2 * own and before <= 2 * own, (s, after / own, before / own)
 
 
-def _with_weights(weights: dict):
-    """The test checkpoint's MODEL loaded anew, its diffusion model's ``weights`` (name → tensor)
-    copied in."""
+def _fresh():
+    """The test checkpoint's MODEL, loaded anew (shared with no other patcher)."""
     import nodes
     with torch.inference_mode():
-        model = nodes.CheckpointLoaderSimple().load_checkpoint("mk_sd15_tiny.safetensors")[0]
-        for name, p in model.model.diffusion_model.named_parameters():
-            if name in weights:
-                p.copy_(weights[name])
-    return model
-
-
-def _dequantised(ci, m) -> torch.Tensor:
-    """The real values a cast layer's float8 weight stands for (float32)."""
-    from comfyui_memorykit.memorykit.comfy_integration.fp8_patcher import layer_scale
-    if ci.fp8_core.is_core_layer(m):
-        return ci.fp8_core.storage_tensor(m).float() * ci.fp8_core.weight_scale(m).float()
-    return m.weight.float() * layer_scale(m).float()
+        return nodes.CheckpointLoaderSimple().load_checkpoint("mk_sd15_tiny.safetensors")[0]
 
 
 def test_issue_lora_error_is_only_the_float8_rounding_of_the_base_weights(ci, sd15):
@@ -153,12 +140,11 @@ def test_issue_lora_error_is_only_the_float8_rounding_of_the_base_weights(ci, sd
     chaos of this input is shown by bfloat16 base weights (its figures printed)."""
     plain, args, kwargs = sd15
     ref = load_and_forward(plain, *args, **kwargs)  # plain loaded: its modules are the plain ones
-    bf16 = _with_weights({n: p.to(torch.bfloat16) for n, p in plain.model.diffusion_model.named_parameters()
-                          if p.dim() >= 2})
+    bf16 = with_weights(_fresh(), {n: p.to(torch.bfloat16) for n, p in plain.model.diffusion_model.named_parameters()
+                                   if p.dim() >= 2})
     fp8_model = cast(ci, plain)[0]
     load_and_forward(fp8_model, *args, **kwargs)  # the shared modules are now the cast layers
-    cast_layers = {n: m for n, m in fp8_model.model.diffusion_model.named_modules() if hasattr(m, "_mk_original")}
-    floor = _with_weights({f"{n}.weight": _dequantised(ci, m) for n, m in cast_layers.items()})
+    floor = with_weights(_fresh(), dequantised_weights(ci, fp8_model))
     own_fp8 = rel(load_and_forward(fp8_model, *args, **kwargs), ref)
     own_bf16 = rel(load_and_forward(bf16, *args, **kwargs), ref)
     for s in STRENGTHS:
