@@ -253,8 +253,6 @@ def model_compute_dtype(model) -> torch.dtype:
     return mc if mc is not None else model.model_dtype()
 
 
-# Attachments of the pack's placement nodes (Group Offload, Balanced Device Map): they move plain tensors only.
-_PLACED_BY = {"memorykit_group_offload": "Group Offload", "memorykit_device_map": "Balanced Device Map"}
 
 
 def _core_plan(storage, scaling: str, fp8_matmul: bool, device) -> tuple[str | None, str, str]:
@@ -386,9 +384,9 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
     }
     info["path"] = fp8_core.describe_path(info)
     n.set_attachments(FP8_ATTACHMENT, {k: v for k, v in info.items() if k != "kept_layers"} | {"cast": list(plan.cast)})
-    placed = [name for key, name in _PLACED_BY.items() if model.get_attachment(key) is not None]
-    if placed:  # Group Offload / device map before this node: plain float8 tensors, same values and math
-        plain_fp8_layers(n, placed[0])
+    placed = placement.placed_by(model)
+    if placed:  # Group Offload / device map before this node (they move plain tensors only): plain float8 tensors, same values and math
+        plain_fp8_layers(n, placed)
         info.update(core_layers=0, path=n.get_attachment(FP8_ATTACHMENT)["path"])
     n.set_attachments(FP8_ATTACHMENT, {k: v for k, v in info.items() if k != "kept_layers"} | {"cast": list(plan.cast)})
     return n, info
