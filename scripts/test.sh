@@ -25,7 +25,7 @@ summary=()
 status=0
 # Kept to CI's time budget without losing a check: on the frontend each ComfyUI tree ships, the
 # badge check runs on the fewest example workflows that hold every MemoryKit node type
-# (MEMORYKIT_FRONTEND_EXAMPLES=cover; every example runs in the demo test and on the newest
+# (MEMORYKIT_FRONTEND_EXAMPLES=cover; every example still runs end to end in test_memory_report.py, and in the browser on the newest
 # frontend below), and the benchmark/GPU-runbook tools (not the pack) are checked on 0.33.0 only.
 run_suite() {  # name venv comfy_dir [pytest args]
   local name="$1" venv="$2" comfy="$3" start end rc
