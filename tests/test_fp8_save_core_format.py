@@ -41,7 +41,7 @@ def _read_folder(folder) -> tuple[dict, dict]:
     for shard in sorted(set(index["weight_map"].values())):
         with safe_open(str(folder / shard), framework="pt") as f:
             meta = f.metadata() or {}
-            sd.update({k: f.get_tensor(k) for k in f.keys()})
+            sd.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118 (safe_open is not iterable)
     return sd, meta
 
 
@@ -74,7 +74,7 @@ def _check_header(ci, sd: dict, meta: dict, info: dict, model) -> int:
     layers = json.loads(meta["_quantization_metadata"])["layers"] if "_quantization_metadata" in meta else {}
     assert not any(k.endswith(("scaled_fp8", ".scale_weight")) for k in sd), "legacy scaled-fp8 keys written"
     n = 0
-    for name in model.get_attachment(ci.FP8_ATTACHMENT)["cast"]:
+    for name in _cast_names(ci, model):
         w = sd[f"{prefix}{name}.weight"]
         if w.dtype not in FLOAT8:
             assert f"{prefix}{name}.weight_scale" not in sd and f"{prefix}{name}.comfy_quant" not in sd
@@ -84,6 +84,7 @@ def _check_header(ci, sd: dict, meta: dict, info: dict, model) -> int:
         q = sd.get(f"{prefix}{name}.comfy_quant")
         conf = json.loads(bytes(q.tolist())) if q is not None else layers[name]  # one of the two, as core writes
         assert (q is None) == bool(layers) and conf["format"] == str(w.dtype).replace("torch.", ""), (name, conf)
+        assert conf.get("full_precision_matrix_mult") is True, (name, conf)  # as live: fp8_matmul off
     for kept in info["kept_layers"]:
         w = sd.get(f"{prefix}{kept['name']}.weight")
         assert w is not None and w.dtype not in FLOAT8, kept["name"]
@@ -110,6 +111,10 @@ def _check_reloads(ci, name, model, live, ref, reloads, args, kwargs, n_core: in
         del re
 
 
+def _cast_names(ci, model) -> list[str]:
+    return model.get_attachment(ci.FP8_ATTACHMENT)["cast"]
+
+
 @pytest.mark.parametrize("storage,scaling", [("float8_e4m3fn", "per-tensor"), ("float8_e5m2", "per-tensor"),
                                              ("float8_e4m3fn", "per-output-channel")])
 def test_wan_fp8_save_reloads_to_live(ci, wan, tmp_path, storage, scaling):
@@ -128,6 +133,7 @@ def test_wan_fp8_save_reloads_to_live(ci, wan, tmp_path, storage, scaling):
 def test_sd15_conv_layers_saved_dequantised(ci, comfy, fixture_models, tmp_path):
     """SD1.5: core-format Linears beside MemoryKit's Conv cast layers (core quantises no Conv)."""
     import comfy.model_management as mm
+
     import nodes
     with torch.inference_mode():
         plain = nodes.CheckpointLoaderSimple().load_checkpoint("mk_sd15_tiny.safetensors")[0]
@@ -140,17 +146,13 @@ def test_sd15_conv_layers_saved_dequantised(ci, comfy, fixture_models, tmp_path)
         live = load_and_forward(model, *args, **kwargs)
         sd, meta, saved, reloads = _save_and_reload(ci, model, tmp_path)
         n_core = _check_header(ci, sd, meta, info, model)
-        convs = [n for n in info_cast(ci, model) if sd[f"model.diffusion_model.{n}.weight"].ndim > 2]
+        convs = [n for n in _cast_names(ci, model) if sd[f"model.diffusion_model.{n}.weight"].ndim > 2]
         print(f"\nSD1.5: {info['path']}; saved: {saved['fp8']['note']}")
         assert convs and n_core == info["core_layers"] and saved["fp8"]["dequantised"] == len(convs)
         _check_reloads(ci, "SD1.5 e4m3 per-tensor", model, live, ref, reloads, args, kwargs, n_core,
                        exact=False)
     finally:
         mm.unload_all_models()
-
-
-def info_cast(ci, model) -> list[str]:
-    return model.get_attachment(ci.FP8_ATTACHMENT)["cast"]
 
 
 def test_wan_unmerged_lora_saved_merged(ci, wan, tmp_path):
