@@ -155,10 +155,13 @@ def test_sd15_conv_layers_saved_dequantised(ci, comfy, fixture_models, tmp_path)
         mm.unload_all_models()
 
 
-def test_wan_unmerged_lora_saved_merged(ci, wan, tmp_path):
-    """lora_mode=unmerged + a LoRA: the file holds no per-forward patch, so the LoRA is merged into the
-    original weight and re-quantised once (``fp8_core.merged_for_saving``). The reload differs from
-    live FP8 + LoRA only by that one rounding: within FP8's own error against plain + LoRA."""
+@pytest.mark.parametrize("lora_mode", ["unmerged", "merged"])
+def test_wan_fp8_lora_save_reloads_to_live(ci, wan, tmp_path, lora_mode):
+    """FP8 + a LoRA (ΔW about the weight's size). ``unmerged``: the file holds no per-forward patch,
+    so the LoRA is merged into the original weight and re-quantised once
+    (``fp8_core.merged_for_saving``); the reload differs from live FP8 + LoRA by that one rounding:
+    within 2 × FP8's own error against plain + LoRA. ``merged``: the live layers hold the merged,
+    re-quantised float8 weight, which is what is saved: bit-exact."""
     import comfy.sd
     plain, args, kwargs, _ = wan
     gen = torch.Generator().manual_seed(5)
@@ -171,16 +174,18 @@ def test_wan_unmerged_lora_saved_merged(ci, wan, tmp_path):
             lora[f"diffusion_model.{name}.alpha"] = torch.tensor(float(rank))
     with torch.inference_mode():
         plain_lora = comfy.sd.load_lora_for_models(plain, None, lora, 1.0, 0.0)[0]
-        fp8, info = cast(ci, plain)
+        fp8, info = cast(ci, plain, lora_mode=lora_mode)
         live_model = comfy.sd.load_lora_for_models(fp8, None, lora, 1.0, 0.0)[0]
     ref = load_and_forward(plain_lora, *args, **kwargs)
     live = load_and_forward(live_model, *args, **kwargs)
     sd, meta, saved, reloads = _save_and_reload(ci, live_model, tmp_path)
     n_core = _check_header(ci, sd, meta, info, live_model)
     live_err = rel(live, ref)
-    print(f"\nWan unmerged LoRA: live FP8+LoRA vs plain+LoRA {live_err:.5f}; saved: {saved['fp8']['note']}")
+    print(f"\nWan {lora_mode} LoRA: live FP8+LoRA vs plain+LoRA {live_err:.5f}; saved: {saved['fp8']['note']}")
     assert n_core == info["core_layers"]
     for which, re in zip(("core's Load Diffusion Model", "Sharded Checkpoint Loader"), reloads):
         out = load_and_forward(re, *args, **kwargs)
         print(f"  {which}: reload vs live {rel(out, live):.5f}, vs plain+LoRA {rel(out, ref):.5f}")
+        if lora_mode == "merged":
+            assert torch.equal(out, live), which
         assert rel(out, live) <= 2 * live_err and rel(out, ref) <= 2 * live_err, which

@@ -2,7 +2,8 @@
 
 Where this ComfyUI has core's ``QuantizedTensor`` (:func:`compat.core_fp8_format`), every cast
 Linear whose float8 format core has a layout for and whose scale is one per tensor is written
-exactly as core writes its own mixed-precision Linear (:func:`compat.core_quant_tensors`):
+exactly as core writes its own mixed-precision Linear (what core's saver put in the state dict,
+else :func:`compat.core_quant_tensors`):
 ``<layer>.weight`` (float8 data), ``<layer>.weight_scale`` (0-d float32) and, on 0.33+,
 ``<layer>.comfy_quant`` (the layer's JSON config as uint8); 0.3.75 instead lists the layer in
 the file's ``_quantization_metadata`` (its loader reads only that). Core-path layers are saved
@@ -55,8 +56,11 @@ def fp8_layers_for_saving(model, sd: dict, metadata: dict) -> tuple[dict, dict, 
         p = f"{prefix}{name}."
         patch_key = f"diffusion_model.{name}.weight"
         lora = fp8_core.is_unmerged_layer(layer) and patch_key in model.patches
-        if fp8_core.is_core_layer(layer) and not lora:  # core's own state-dict code, as it is
-            tensors, conf = compat.core_quant_tensors(layer, p)
+        if fp8_core.is_core_layer(layer) and not lora:
+            if all(p + k in sd for k in ("weight", "weight_scale", "comfy_quant")):
+                info["core"] += 1  # core's saver wrote its own format (0.33+; lazily patched LoRA included)
+                continue
+            tensors, conf = compat.core_quant_tensors(layer, p)  # core's own state-dict code
         else:
             if lora:  # a file holds no per-forward patch: merge once, re-quantise (see merged_for_saving)
                 q, s = fp8_core.merged_for_saving(layer, model.patches, patch_key)
