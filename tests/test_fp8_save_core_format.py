@@ -10,7 +10,8 @@ format cannot hold (e5m2 where core has no e5m2 layout, per-output-channel scale
 saved dequantised: relative L2 ≤ 1e-5 to live (float32 rounding: live multiplies the scale into
 the input or output, the reload into the weight). Before this change the saver wrote the legacy
 scaled-fp8 form and quantised the layers FP8 kept in high precision: Wan e4m3 reloaded 0.0036
-from plain vs live FP8 0.00016 (this input), and the bit-exact checks failed.
+from plain vs live FP8 0.00018 (this input), the bit-exact checks failed, and an unmerged-LoRA
+FP8 model did not save at all (ImportError).
 """
 from __future__ import annotations
 
