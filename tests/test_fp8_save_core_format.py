@@ -190,3 +190,25 @@ def test_wan_fp8_lora_save_reloads_to_live(ci, wan, tmp_path, lora_mode):
         if lora_mode == "merged":
             assert torch.equal(out, live), which
         assert rel(out, live) <= 2 * live_err and rel(out, ref) <= 2 * live_err, which
+
+
+def test_core_quant_format_names(ci):
+    """The core names Save Sharded's format relies on (fails when one changes): the layer's tensors
+    (:func:`compat.core_quant_tensors`) and the ``_quantization_metadata`` reader of this core."""
+    import comfy.model_detection
+    import comfy.utils
+    if ci.compat.core_fp8_format(torch.float8_e4m3fn) is None:
+        pytest.skip("this ComfyUI has no QuantizedTensor: the legacy scaled-fp8 form is written")
+    q = torch.randn(8, 4).to(torch.float8_e4m3fn)
+    layer = ci.compat.core_fp8_linear(q, torch.tensor(0.5), None, "float8_e4m3fn", torch.float32, True)
+    tensors, conf = ci.compat.core_quant_tensors(layer, "l.")
+    assert torch.equal(tensors["l.weight"].view(torch.uint8), q.view(torch.uint8))
+    assert tensors["l.weight_scale"].dtype == torch.float32 and float(tensors["l.weight_scale"]) == 0.5
+    conf = conf or json.loads(bytes(tensors["l.comfy_quant"].tolist()))
+    assert conf == {"format": "float8_e4m3fn", "full_precision_matrix_mult": True}
+    meta = {"_quantization_metadata": ci.compat.quantization_metadata({"l": conf})}
+    if hasattr(comfy.utils, "convert_old_quants"):  # 0.33+: the metadata becomes per-layer comfy_quant
+        sd, _ = comfy.utils.convert_old_quants({"l.weight": q}, "", metadata=meta)
+        assert json.loads(bytes(sd["l.comfy_quant"].tolist())) == conf
+    else:  # 0.3.75: the model config's layer_quant_config
+        assert comfy.model_detection.detect_layer_quantization(dict(meta)) == {"l": conf}
