@@ -148,9 +148,10 @@ def model_state_dict_for_saving(model) -> tuple[dict, dict, dict | None]:
     metadata). Weights patched in place are the model's own tensors (no copy). Layers cast by
     FP8 Layerwise Cast are written in core's own quantized format where core has one
     (:func:`fp8_save.fp8_layers_for_saving`, which may add ``_quantization_metadata`` to the
-    second dict); the third value is its info (None for a model without float8 layers). A placed model (Group Offload, Balanced Device Map) is read the
-    plain way (:func:`placement.plain_load`): its placement may hold placeholders or meta
-    tensors, and the saver must read the real weights (issue 23 items 4 and 11).
+    second dict); the third value is its info (None for a model without float8 layers). A
+    placed model (Group Offload, Balanced Device Map) is read the plain way
+    (:func:`placement.plain_load`): its placement may hold placeholders or meta tensors, and the
+    saver must read the real weights (issue 23 items 4 and 11).
     """
     with placement.plain_load(model):
         sd = _compat_state_dict(model)
