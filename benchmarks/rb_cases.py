@@ -171,9 +171,22 @@ def comfy_fp8_resident(ctx: Ctx, res: int) -> dict:
     return row
 
 
-def mk_fp8_resident(ctx: Ctx, res: int) -> dict:
+def mk_fp8_resident(ctx: Ctx, res: int, fp8_matmul: bool = False) -> dict:
+    """FP8 Layerwise Cast resident on the device (``fp8_matmul``: core's float8 matmul where this
+    ComfyUI and GPU have it, else the row says why): time vs ``resident_<res>``, error, bytes."""
     ci = ci_module()
-    n, info = ci.fp8_layerwise_cast(make_patcher(ctx, build(ctx)))
+    p = make_patcher(ctx, build(ctx))
+    if fp8_matmul:
+        try:
+            n, info = ci.fp8_layerwise_cast(p, "float8_e4m3fn", "auto", "per-tensor", "auto", "", True)
+        except ValueError as e:  # no float8 matmul on this device / ComfyUI: not a failure of the run
+            return {"skipped": str(e)}
+        return _fp8_resident_row(ctx, res, n, info) | {"fp8_matmul_path": info.get("path")}
+    n, info = ci.fp8_layerwise_cast(p)
+    return _fp8_resident_row(ctx, res, n, info)
+
+
+def _fp8_resident_row(ctx: Ctx, res: int, n, info: dict) -> dict:
     mark_device_base(ctx)
     load(n, ctx, res)
     row = timed(ctx, n.model.diffusion_model, res, 0)
@@ -239,6 +252,7 @@ def run_case(ctx: Ctx, name: str) -> dict:
         "compile_offload_recompiles_1024": lambda: compile_offload_recompiles(ctx, res),
         "comfy_fp8_resident_1024": lambda: comfy_fp8_resident(ctx, res),
         "mk_fp8_resident_1024": lambda: mk_fp8_resident(ctx, res),
+        "mk_fp8_matmul_resident_1024": lambda: mk_fp8_resident(ctx, res, fp8_matmul=True),
         "diffusers_block_stream_1024": lambda: diffusers_block_stream(ctx, res),
         "vae_untiled_2048": lambda: vae(ctx, "untiled"),
         "vae_core_tiled_2048_512_64": lambda: vae(ctx, "core"),

@@ -52,6 +52,7 @@ PLAN: list[PlannedCase] = [
     PlannedCase("mk_device_map_cuda0_cpu_1024", "legacy", 14, gpu_only=CAP),
     PlannedCase("comfy_fp8_resident_1024", "legacy", 10),
     PlannedCase("mk_fp8_resident_1024", "legacy", 12),
+    PlannedCase("mk_fp8_matmul_resident_1024", "legacy", 12, gpu_only="a GPU with float8 matmul (compute capability ≥ 8.9)"),
     PlannedCase("resident_2048", "legacy", 10),
     PlannedCase("mk_offload_ring_cap25_2048", "legacy", 16, gpu_only=CAP),
     PlannedCase("mk_offload_diffusers_cap25_1024", "legacy", 14, gpu_only=CAP),

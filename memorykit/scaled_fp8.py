@@ -2,8 +2,10 @@
 
 A model whose layers hold float8 storage values and a scale (FP8 Layerwise Cast) cannot be
 saved as plain tensors: the scale is not a weight, and the float8 values alone are wrong by the
-scale (NaN-producing after a few layers). Core's loaders read one float8 layout on every
-supported version, the *scaled-fp8* checkpoint:
+scale (NaN-producing after a few layers). Where ComfyUI has its own quantized weights
+(``QuantizedTensor``) Save Sharded writes core's per-layer format instead
+(``comfy_integration.fp8_save``); this legacy form is for a core without them. Core's loaders
+read it on every version, the *scaled-fp8* checkpoint:
 
 - a marker tensor ``<prefix>scaled_fp8`` whose dtype is the float8 format; two elements mean
   "multiply in full precision" (one element or none turns on core's float8 matmul with an

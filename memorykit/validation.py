@@ -5,7 +5,7 @@ the field's name and says what to give instead.
 
 - :func:`finite_number`: NaN and ±inf are refused (ComfyUI's own min/max checks let NaN
   through: every comparison with NaN is false), then the range.
-- :func:`nonempty_batch`: a LATENT/IMAGE batch of at least one item.
+- :func:`nonempty_batch`: a LATENT/IMAGE batch of at least one item, no dimension of size 0.
 - :func:`path_component`: one portable file/folder name (no separators, no control
   characters, at most 255 bytes, nothing Windows or macOS refuses).
 - :func:`parse_patterns` / :func:`compile_pattern`: the skip-pattern syntax of FP8 Layerwise
@@ -54,10 +54,14 @@ def finite_number(value, field: str, minimum: float | None = None, maximum: floa
 
 def nonempty_batch(shape, field: str, kind: str) -> None:
     """Refuse a batch of nothing: ValueError naming ``field`` when ``shape`` (a tensor's shape,
-    batch first) has no dimensions or a batch of 0 (``kind``: ``LATENT``, ``IMAGE``...)."""
+    batch first) has no dimensions, a batch of 0, or another dimension of size 0 (a 0-pixel
+    width, height, frame count or channel count) (``kind``: ``LATENT``, ``IMAGE``...)."""
     if len(shape) == 0 or shape[0] == 0:
         raise ValueError(f"{field}: the {kind} holds no items (shape {tuple(shape)}); connect a {kind} with at "
                          "least one item (a batch size of 0 gives nothing to process)")
+    if 0 in tuple(shape):
+        raise ValueError(f"{field}: the {kind} has a dimension of size 0 (shape {tuple(shape)}); connect a {kind} "
+                         "with a width, height (and frame count) of at least one")
 
 
 def path_component(name, field: str, allow_hidden: bool = False) -> str:

@@ -71,12 +71,13 @@ def wan21_t2v() -> dict:
 
 
 def wan21_device_map() -> dict:
-    """Wan 2.1 t2v with a Balanced Device Map between the loader and the sampler: a cpu + disk map
-    (budgets sized for the 4.2 MiB demo model: embeddings in RAM, blocks streamed from disk). On
-    a multi-GPU machine write e.g. ``cuda:0=20GiB, cuda:1=22GiB, cpu=64GiB`` instead."""
+    """Wan 2.1 t2v with a Balanced Device Map between the loader and the sampler: ``balanced`` over
+    ``auto`` budgets (every GPU's free memory, then CPU RAM), what a user with the real model wants.
+    The demo and tests run it on the tiny model with a cpu + disk map instead
+    (``tests/harness/examples.py`` :data:`TINY_DEVICE_MAP`)."""
     p = wan21_t2v()
     p["12"] = {"class_type": "MemoryKitBalancedDeviceMap", "inputs": {
-        "model": ["1", 0], "strategy": "sequential", "max_memory": "cpu=4MiB, disk", "offload_folder": "",
+        "model": ["1", 0], "strategy": "balanced", "max_memory": "auto", "offload_folder": "",
         "custom_device_map": ""}}
     p["6"]["inputs"]["model"] = ["12", 0]
     p["11"]["inputs"]["filename_prefix"] = "MemoryKit/wan21_device_map"

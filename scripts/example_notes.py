@@ -18,12 +18,11 @@ NOTES = {
                           "skip_preset on auto." + _SD15_REAL,
     "memory_report_wan21_t2v": "Memory Report on Wan 2.1 text-to-video: peak memory of sampling and of the "
                                "VAE decode, and the models held." + _WAN_REAL,
-    "balanced_device_map_wan21_t2v": "Balanced Device Map: Wan 2.1 split across devices. Here max_memory "
-                                     "'cpu=4MiB, disk' fits only the tiny test model and puts its blocks on "
-                                     "disk; with the real model a budget that small is an error naming what "
-                                     "it needs. Use 'auto', or e.g. 'cuda:0=20GiB, cuda:1=22GiB, cpu=32GiB' "
-                                     "on a multi-GPU machine (add ', disk' to spill to files). The badge shows "
-                                     "the bytes on each device." + _WAN_REAL,
+    "balanced_device_map_wan21_t2v": "Balanced Device Map: Wan 2.1 split across devices. max_memory 'auto' "
+                                     "fills every GPU's free memory evenly, then CPU RAM; or write budgets, "
+                                     "e.g. 'cuda:0=20GiB, cuda:1=22GiB, cpu=32GiB' (add ', disk' to spill the "
+                                     "rest to files; a budget too small for the model is an error naming what "
+                                     "it needs). The badge shows the bytes on each device." + _WAN_REAL,
     "free_memory_sd15": "Free Memory between sampling and decoding: the Memory Report after it lists no "
                         "model. Use it so the next stage starts with free VRAM." + _SD15_REAL,
     "sharded_loaders_sd15": "Sharded loaders: the UNet and CLIP-L loaded from safetensors shards + index, one "

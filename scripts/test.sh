@@ -23,11 +23,15 @@ fi
 
 summary=()
 status=0
-run_suite() {  # name venv comfy_dir
+# Kept to CI's time budget without losing a check: on the frontend each ComfyUI tree ships, the
+# badge check runs on the fewest example workflows that hold every MemoryKit node type
+# (MEMORYKIT_FRONTEND_EXAMPLES=cover; every example still runs end to end in test_memory_report.py, and in the browser on the newest
+# frontend below), and the benchmark/GPU-runbook tools (not the pack) are checked on 0.33.0 only.
+run_suite() {  # name venv comfy_dir [pytest args]
   local name="$1" venv="$2" comfy="$3" start end rc
   echo "[test] ===== ComfyUI $name: $comfy ====="
   start=$(date +%s)
-  COMFYUI_PATH="$comfy" "$venv/bin/python" -m pytest -c tests/pytest.ini tests \
+  COMFYUI_PATH="$comfy" MEMORYKIT_FRONTEND_EXAMPLES=cover "$venv/bin/python" -m pytest -c tests/pytest.ini tests \
     --junitxml="$REPORTS/$name.xml" "${@:4}"
   rc=$?
   end=$(date +%s)
@@ -67,7 +71,8 @@ run_new_frontend() {  # venv comfy_dir [pytest args]: tests/test_frontend.py on 
 }
 
 bash scripts/setup.sh 0.3.75 || exit 1
-run_suite "0.3.75" "${MEMORYKIT_VENV:-$ROOT/.venv}" "${COMFYUI_PATH:-$CACHE/comfyui-0.3.75}" "$@"
+run_suite "0.3.75" "${MEMORYKIT_VENV:-$ROOT/.venv}" "${COMFYUI_PATH:-$CACHE/comfyui-0.3.75}" \
+  --deselect test_benchmark_quick.py::test_quick_benchmark_json --deselect test_gpu_runbook_dryrun.py "$@"  # node ids (rootdir tests/)
 
 bash scripts/setup.sh 0.33
 rc=$?

@@ -213,7 +213,8 @@ def test_lora_before_and_after_match(ci, fp8, comfy, fixture_models):
     key = "diffusion_model.middle_block.1.transformer_blocks.0.attn1.to_q.weight"
     layer = dm.middle_block[1].transformer_blocks[0].attn1.to_q
     w = before[key[len("diffusion_model."):]][1]
-    expected, scale = fp8.quantize_weight(w.detach(), E4M3, "per-tensor", power_of_two=ci.fp8_core.is_core_layer(layer))
+    expected, scale = fp8.quantize_weight(w.detach(), E4M3, "per-tensor", power_of_two=ci.fp8_patcher.core_power_of_two_scale(
+        ci.fp8_core.is_core_layer(layer), ci.fp8_patcher.model_compute_dtype(plain)))
     # LoRA unmerged (default): the float8 weight is the plain cast's (core's QuantizedTensor where
     # this ComfyUI has it), and core's LowVramPatch adds the delta per forward in the compute dtype.
     import comfy.model_patcher

@@ -42,7 +42,8 @@ def test_fp8_on_every_architecture(ci, comfy, name, monkeypatch):
           f"{keep_err:.2e}); weights {info['weight_bytes_after'] / before:.3f}x of fp32 (own "
           f"{own_info['weight_bytes_after'] / before:.3f}x, kept {keep_info['weight_bytes_after'] / before:.3f}x)")
     assert info["weight_bytes_after"] <= own_info["weight_bytes_after"]
-    # One sample of a tiny model (errors 1e-7-1e-3): the power-of-two scale rounds other values than
-    # amax/fmax; within 2x either way per architecture (the Flux fixture: 0.026 core vs 0.028 own).
-    assert err <= 2 * own_err + 1e-7, (err, own_err)
+    # float32 compute: the core path holds the same float8 values and amax/fmax scales as MemoryKit's
+    # own layers (a power-of-two scale only for narrower compute dtypes), so the same error; it was
+    # within 2x either way per architecture with power-of-two scales (LTXV 1.7x, Stable Audio 1.5x).
+    assert err <= own_err * (1 + 1e-3) + 1e-9, (err, own_err)
     assert err < 0.25, err

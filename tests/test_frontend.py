@@ -9,6 +9,9 @@ badge with its report's headline figures (as in ``/history``), well-formed units
 than the node, "+N" for the rest; hovering a badge and the MemoryKit sidebar panel show the
 full report, newest first; a rerun after a page reload (all cached) shows the last figures
 marked "cached" (read back from /history). Screenshots go to ``test_artifacts/frontend-<version>/``.
+``MEMORYKIT_FRONTEND_EXAMPLES=cover`` runs the badge check on the fewest examples that hold every
+MemoryKit node type between them (``examples.covering_examples``; ``scripts/test.sh`` does so on
+the frontends the ComfyUI trees ship, and runs every example on the newest frontend).
 
 Without Chromium/chromedriver/selenium the tests are skipped with the reason (and the command
 that installs them); with ``REQUIRE_BROWSER=1`` (CI) they fail instead.
@@ -32,6 +35,8 @@ VUE = os.environ.get("MEMORYKIT_VUE_NODES") == "1"
 HOVER_EXAMPLE = "free_memory_sd15"
 TEMPLATE = "free_memory_sd15"
 CACHED_EXAMPLE = "fp8_layerwise_sd15"
+BADGE_EXAMPLES = (examples.covering_examples() if os.environ.get("MEMORYKIT_FRONTEND_EXAMPLES") == "cover"
+                  else examples.example_names())
 
 
 
@@ -227,7 +232,7 @@ def _load_test_graph(drv, server, name: str, object_info: dict) -> dict:
     return api
 
 
-@pytest.mark.parametrize("name", examples.example_names())
+@pytest.mark.parametrize("name", BADGE_EXAMPLES)
 def test_example_badges(ui_server, browser, editor, ui_object_info, name):
     _load_test_graph(browser, ui_server, name, ui_object_info)
     entry = _run_in_editor(ui_server, browser)

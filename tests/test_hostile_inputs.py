@@ -237,6 +237,11 @@ def test_item12_nan_budget_and_empty_batch_are_refused(vaes):
         TiledVAEDecode.execute({"samples": torch.randn(0, 4, 8, 8)}, vaes["sd"], **TILE_DEFAULTS)
     with pytest.raises(ValueError, match="pixels: the IMAGE holds no items"):
         TiledVAEEncode.execute(torch.rand(0, 64, 64, 3), vaes["sd"], **TILE_DEFAULTS)
+    # a 0-sized side: refused by the same rule, naming the field (it said "input of size (0, 8)")
+    with pytest.raises(ValueError, match=r"^samples: the LATENT has a dimension of size 0 \(shape \(1, 4, 0, 8\)\)"):
+        TiledVAEDecode.execute({"samples": torch.randn(1, 4, 0, 8)}, vaes["sd"], **TILE_DEFAULTS)
+    with pytest.raises(ValueError, match=r"^pixels: the IMAGE has a dimension of size 0"):
+        TiledVAEEncode.execute(torch.rand(1, 0, 64, 3), vaes["sd"], **TILE_DEFAULTS)
 
 
 @pytest.mark.parametrize("which,shape", [("sd", (1, 4, 8, 8)), ("wan", (1, 16, 2, 4, 4))])

@@ -156,6 +156,9 @@ def test_probe_empty_latent_is_refused(comfy, io, loaded):
     with pytest.raises(ValueError, match=r"^latent: the LATENT holds no items \(shape \(0, 16, 2, 8, 8\)\)"):
         io.latent_shape({"samples": torch.zeros(0, 16, 2, 8, 8)}, lm.patcher, 64, 64, 5)
     assert io.latent_shape({"samples": torch.zeros(2, 16, 2, 8, 8)}, lm.patcher, 64, 64, 5) == [2, 16, 2, 8, 8]
+    # a LATENT with a 0-sized side was planned (activations of nothing) before
+    with pytest.raises(ValueError, match=r"^latent: the LATENT has a dimension of size 0 \(shape \(1, 16, 2, 0, 8\)\)"):
+        io.latent_shape({"samples": torch.zeros(1, 16, 2, 0, 8)}, lm.patcher, 64, 64, 5)
 
 
 def _wan_vae(fixture_models):

@@ -7,6 +7,7 @@ it needs (never a version number) and does the right thing on both sides:
   :func:`opt_out_of_dynamic_vram`, :func:`memory_path`;
 - free memory as core itself would offer it: :func:`patcher_free_memory`;
 - saving: :func:`model_state_dict_for_saving` (0.33 moved it to ``ModelPatcher`` and made it lazy);
+  core's per-layer quantization format: :func:`core_quant_tensors`, :func:`quantization_metadata`;
 - the VAE ``Decoder`` lost ``give_pre_end`` in 0.33: :func:`decoder_gives_pre_end`;
 - video VAEs whose own classes run time in causal chunks with a carried cache (0.33+):
   :func:`core_carries_time`;
@@ -215,10 +216,11 @@ def core_fp8_linear(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | N
     per-tensor ``scale`` (0-d float32; real weight = q · scale) as a ``QuantizedTensor``, and
     ``bias``. Loaded through the layer's own ``_load_from_state_dict`` from the tensors a quantized
     checkpoint holds: ``weight``, ``weight_scale`` and, on 0.33+, ``comfy_quant`` (JSON
-    ``{"format": fmt}``); 0.3.75 reads the format from the ``layer_quant_config`` of its ops class
-    instead (keyed by layer name; the layer is loaded with prefix ""). ``full_precision_mm``: the
-    weight is dequantised to the compute dtype per forward (no float8 matmul). ``mixin``: a class
-    put before core's (``type(name, (mixin, core_linear), {})``). Raises RuntimeError with core's
+    ``{"format": fmt}``, plus ``"full_precision_matrix_mult": true`` with ``full_precision_mm``);
+    0.3.75 reads the format from the ``layer_quant_config`` of its ops class instead (keyed by
+    layer name; the layer is loaded with prefix ""). ``full_precision_mm``: the weight is
+    dequantised to the compute dtype per forward (no float8 matmul). ``mixin``: a class put before
+    core's (``type(name, (mixin, core_linear), {})``). Raises RuntimeError with core's
     message when core refuses the tensors."""
     import json
 
@@ -237,8 +239,10 @@ def core_fp8_linear(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | N
     sd = {"weight": q, "weight_scale": scale.detach().reshape(()).to(device=q.device, dtype=torch.float32)}
     if bias is not None:
         sd["bias"] = bias
-    if not old:
-        sd["comfy_quant"] = torch.tensor(list(json.dumps({"format": fmt}).encode("utf-8")), dtype=torch.uint8)
+    if not old:  # full_precision_mm travels in the layer's config, so core's state dict writes it (as for a
+        # checkpoint that asked for it) and a reload multiplies in full precision too
+        conf = {"format": fmt, "full_precision_matrix_mult": True} if full_precision_mm else {"format": fmt}
+        sd["comfy_quant"] = torch.tensor(list(json.dumps(conf).encode("utf-8")), dtype=torch.uint8)
     layer.factory_kwargs["device"] = q.device
     if bias is not None:
         layer.bias = torch.nn.Parameter(torch.empty_like(bias, dtype=compute_dtype), requires_grad=False)
@@ -259,3 +263,47 @@ def core_fp8_matmul(device) -> bool:
     if "disabled" not in inspect.signature(comfy.ops.mixed_precision_ops).parameters:
         return False
     return bool(mm.supports_fp8_compute(device))
+
+
+QUANT_METADATA_KEY = "_quantization_metadata"
+
+
+def core_quant_tensors(layer, prefix: str) -> tuple[dict[str, torch.Tensor], dict | None]:
+    """The tensors core writes for its mixed-precision Linear ``layer`` (holding a
+    ``QuantizedTensor``) in a checkpoint, names prefixed ``prefix`` (``"<...>.<layer>."``), and
+    the layer's entry for the file's ``_quantization_metadata`` (None where the tensors carry it).
+
+    0.33+: the layer's own ``state_dict`` (core's ``_quantized_weight_state_dict``: ``weight`` =
+    float8 data, ``weight_scale`` = 0-d float32, ``comfy_quant`` = its JSON config as a uint8
+    tensor, ``bias``); no file metadata (core's savers write none). 0.3.75: its Linear has no such
+    state dict (the QuantizedTensor itself would be written, without its scale) and its loader
+    reads the format from the file's ``_quantization_metadata`` (``{"format_version": "1.0",
+    "layers": {name: config}}``, as its ``BaseModel.state_dict_for_saving`` writes): ``weight`` and
+    ``weight_scale`` from the layout's ``get_plain_tensors``, ``bias``, and ``{"format": ...}``.
+    Tensors are detached (never copied here)."""
+    import comfy.quant_ops as qo
+    sd = {k: v.detach() for k, v in layer.state_dict(prefix=prefix).items()}
+    if f"{prefix}comfy_quant" in sd:
+        return sd, None
+    w = layer.weight
+    qdata, scale = qo.LAYOUTS[layer.layout_type].get_plain_tensors(w)
+    sd[f"{prefix}weight"] = qdata.detach()
+    sd[f"{prefix}weight_scale"] = scale.detach().to(torch.float32).reshape(())
+    fmt = next(f for f, a in qo.QUANT_ALGOS.items()
+               if a.get("comfy_tensor_layout") == layer.layout_type and a.get("storage_t") == qdata.dtype)
+    conf = {"format": fmt}
+    if getattr(layer, "_full_precision_mm", False):
+        conf["full_precision_matrix_mult"] = True  # read by 0.33+, which may load this file
+    return sd, conf
+
+
+def quantization_metadata(layers: dict[str, dict], existing: str | None = None) -> str:
+    """The ``_quantization_metadata`` safetensors metadata value core's loaders read (0.3.75:
+    ``model_detection.detect_layer_quantization``; 0.33+: ``utils.convert_old_quants``):
+    JSON ``{"format_version": "1.0", "layers": {layer name without the model prefix: config}}``,
+    as 0.3.75's ``BaseModel.state_dict_for_saving`` writes it; ``existing`` (such a JSON string
+    from the model's own state dict) is merged in, ``layers`` winning."""
+    import json
+    merged = dict(json.loads(existing).get("layers", {})) if existing else {}
+    merged.update(layers)
+    return json.dumps({"format_version": "1.0", "layers": merged})

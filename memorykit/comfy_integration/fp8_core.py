@@ -143,7 +143,7 @@ def merged_for_saving(layer, patches: dict, key: str) -> tuple[torch.Tensor, tor
     layer's own scaling)."""
     import comfy.lora
 
-    from ... import fp8
+    from .. import fp8
     original = layer._mk_original[0]
     storage = storage_tensor(layer)
     with torch.no_grad():

@@ -209,6 +209,15 @@ def _fp8_layer(orig: torch.nn.Module, q: torch.Tensor, scale, bias, fp8_matmul: 
 _QUANTIZED: dict[int, tuple] = {}
 
 
+def core_power_of_two_scale(core: bool, compute: torch.dtype) -> bool:
+    """Whether a layer's per-tensor scale is rounded up to a power of two: on the core path
+    (``core``) with a compute dtype narrower than float32. Core's QuantizedTensor multiplies by
+    the scale in the compute dtype, where amax/fmax would be rounded (bf16 keeps 8 bits; an e5m2
+    scale is an fp16 subnormal) and a power of two is exact; in float32 amax/fmax is exact, and
+    the layer then holds the same float8 values and scale as MemoryKit's own layers (same error)."""
+    return core and compute != torch.float32
+
+
 def _quantized(w: torch.Tensor, storage, scaling: str, work, out_device, memo: bool, power_of_two: bool):
     """:func:`memorykit.fp8.quantize_weight` of ``w`` (``power_of_two``: see there); ``memo``
     (the core path): memoised per (weight tensor, storage, scaling, scale kind, device) while
@@ -244,8 +253,6 @@ def model_compute_dtype(model) -> torch.dtype:
     return mc if mc is not None else model.model_dtype()
 
 
-# Attachments of the pack's placement nodes (Group Offload, Balanced Device Map): they move plain tensors only.
-_PLACED_BY = {"memorykit_group_offload": "Group Offload", "memorykit_device_map": "Balanced Device Map"}
 
 
 def _core_plan(storage, scaling: str, fp8_matmul: bool, device) -> tuple[str | None, str, str]:
@@ -345,9 +352,8 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
         orig = original(name, None) if not in_tree else comfy.utils.get_attr(n.model, key)
         w = _unpatched(n, orig, key, "weight", in_tree)
         core = core_fmt is not None and isinstance(orig, torch.nn.Linear)
-        # Core's QuantizedTensor multiplies by the scale in the compute dtype: a power-of-two scale is
-        # exact there in every dtype (amax/fmax is rounded to 8 bits in bf16, an e5m2 one is an fp16 subnormal).
-        q, s = _quantized(w, storage, scaling, work, n.offload_device, memo=core, power_of_two=core)
+        q, s = _quantized(w, storage, scaling, work, n.offload_device, memo=core,
+                          power_of_two=core_power_of_two_scale(core, compute))
         b = _unpatched(n, orig, key, "bias", in_tree)
         b = None if b is None else b.detach().to(n.offload_device, copy=True)
         if core:
@@ -378,9 +384,9 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
     }
     info["path"] = fp8_core.describe_path(info)
     n.set_attachments(FP8_ATTACHMENT, {k: v for k, v in info.items() if k != "kept_layers"} | {"cast": list(plan.cast)})
-    placed = [name for key, name in _PLACED_BY.items() if model.get_attachment(key) is not None]
-    if placed:  # Group Offload / device map before this node: plain float8 tensors, same values and math
-        plain_fp8_layers(n, placed[0])
+    placed = placement.placed_by(model)
+    if placed:  # Group Offload / device map before this node (they move plain tensors only): plain float8 tensors, same values and math
+        plain_fp8_layers(n, placed)
         info.update(core_layers=0, path=n.get_attachment(FP8_ATTACHMENT)["path"])
     n.set_attachments(FP8_ATTACHMENT, {k: v for k, v in info.items() if k != "kept_layers"} | {"cast": list(plan.cast)})
     return n, info

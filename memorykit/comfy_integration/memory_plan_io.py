@@ -25,6 +25,7 @@ import torch
 from .. import fp8
 from .. import memory_plan as mp
 from .. import validation
+from . import placement
 from ..offload_plan import GroupOffloadOptions
 from .compat import is_dynamic, patcher_free_memory
 from .fp8_patcher import FP8_ATTACHMENT, fp8_layerwise_cast, model_compute_dtype
@@ -320,6 +321,10 @@ def memory_plan(model, vae=None, latent=None, plan_for: str = "this machine", vr
     ValueError for a bad option."""
     if plan_for not in ("this machine", "given figures"):
         raise ValueError(f"plan_for must be 'this machine' or 'given figures', got {plan_for!r}")
+    placed = placement.placed_by(model)
+    if placed:  # its candidates (Group Offload to RAM or disk) would be refused at apply
+        raise ValueError(f"model: this MODEL comes through {placed}, which already decides where the weights live. "
+                         f"Connect Memory Plan to the loader (or LoRA loader) directly, or use {placed} alone.")
     folder = disk_folder or default_disk_folder()
     machine = (measure_machine(model, folder) if plan_for == "this machine"
                else given_machine(vram_gb, ram_gb, disk_gb))

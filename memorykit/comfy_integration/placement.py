@@ -68,6 +68,17 @@ def _finalize(base_model, placement, owner_id) -> None:
         remove(base_model)
 
 
+# The attachment each placement node sets on its MODEL clone → the node's name (the attachment
+# keys of offload_patcher.GROUP_OFFLOAD_KEY and device_map_patcher.DEVICE_MAP_ATTACHMENT).
+PLACED_BY = {"memorykit_group_offload": "Group Offload", "memorykit_device_map": "Balanced Device Map"}
+
+
+def placed_by(patcher) -> str | None:
+    """The name of the placement node (Group Offload, Balanced Device Map) ``patcher``'s MODEL
+    comes through, or None: such a MODEL already has its weights' places decided."""
+    return next((name for key, name in PLACED_BY.items() if patcher.get_attachment(key) is not None), None)
+
+
 def _take_ownership(patcher, p: Placement) -> None:
     if p._finalizer is not None:
         p._finalizer.detach()

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import torch
 
-from .. import badge, report, safe_files, scaled_fp8, sharded, sharded_save, validation
-from . import fp8_core, placement
+from .. import badge, report, safe_files, sharded, sharded_save, validation
+from . import fp8_save, placement
 from .common import loaded_models, weight_dtype_options
 from .compat import model_state_dict_for_saving as _compat_state_dict
-from .fp8_patcher import FP8_ATTACHMENT, layer_scale
 
 _CLIP_LOADER_TYPES = ["stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart",
                       "cosmos", "lumina2", "wan", "hidream", "chroma", "ace", "omnigen2", "qwen_image",
@@ -147,11 +146,12 @@ def model_state_dict_for_saving(model) -> tuple[dict, dict, dict | None]:
     prefixed ``model.diffusion_model.`` or the model type's own prefix. Non-tensor entries
     (``_quantization_metadata``) are returned as JSON strings in the second dict (safetensors
     metadata). Weights patched in place are the model's own tensors (no copy). Layers cast by
-    FP8 Layerwise Cast are written the way core's loaders read them back
-    (:func:`scaled_fp8.checkpoint_tensors`); the third value is its info (None for a model
-    without float8 layers). A placed model (Group Offload, Balanced Device Map) is read the
-    plain way (:func:`placement.plain_load`): its placement may hold placeholders or meta
-    tensors, and the saver must read the real weights (issue 23 items 4 and 11).
+    FP8 Layerwise Cast are written in core's own quantized format where core has one
+    (:func:`fp8_save.fp8_layers_for_saving`, which may add ``_quantization_metadata`` to the
+    second dict); the third value is its info (None for a model without float8 layers). A
+    placed model (Group Offload, Balanced Device Map) is read the plain way
+    (:func:`placement.plain_load`): its placement may hold placeholders or meta tensors, and the
+    saver must read the real weights (issue 23 items 4 and 11).
     """
     with placement.plain_load(model):
         sd = _compat_state_dict(model)
@@ -159,45 +159,7 @@ def model_state_dict_for_saving(model) -> tuple[dict, dict, dict | None]:
     for k in [k for k, v in sd.items() if not isinstance(v, torch.Tensor)]:
         v = sd.pop(k)
         metadata[k] = v if isinstance(v, str) else json.dumps(v)
-    sd, fp8_info = _fp8_layers_for_saving(model, sd)
-    return sd, metadata, fp8_info
-
-
-def _fp8_layers_for_saving(model, sd: dict) -> tuple[dict, dict | None]:
-    """``sd`` with FP8 Layerwise Cast's layers (float8 values + a non-persistent scale, object
-    patches of ``model``) in core's scaled-fp8 checkpoint form, or dequantised."""
-    cast = (model.get_attachment(FP8_ATTACHMENT) or {}).get("cast") or []
-    if not cast:
-        return sd, None
-    # The prefix core's savers give diffusion-model keys (model.diffusion_model., net., ...).
-    prefix = next(iter(model.model.model_config.process_unet_state_dict_for_saving({"": None})))
-    layers = {}
-    sd = dict(sd)
-    for name in cast:
-        layer = model.get_model_object(f"diffusion_model.{name}")
-        key = f"{prefix}{name}.weight"
-        scale = None
-        if fp8_core.is_core_layer(layer):  # core's QuantizedTensor: its float8 data and scale
-            for suffix in ("weight_scale", "comfy_quant"):
-                sd.pop(f"{prefix}{name}.{suffix}", None)
-            if key in sd:  # the layer's own float8 data (0.33's state dict may hold it without its scale)
-                sd[key], scale = fp8_core.storage_tensor(layer).detach(), fp8_core.weight_scale(layer)
-        if fp8_core.is_unmerged_layer(layer) and f"diffusion_model.{name}.weight" in model.patches:
-            sd[key], scale = fp8_core.merged_for_saving(layer, model.patches, f"diffusion_model.{name}.weight")
-        elif scale is None and hasattr(layer, "scale_weight"):
-            scale = layer_scale(layer)
-        weight = sd.get(f"{prefix}{name}.weight")
-        if weight is None or weight.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
-            continue
-        original = getattr(layer, "_mk_original", (None,))[0]
-        dtype = original.weight.dtype if original is not None and original.weight.is_floating_point() \
-            and original.weight.dtype.itemsize > 1 else torch.float32
-        layers[name] = scaled_fp8.Fp8Layer(scale, dtype,
-                                           isinstance(layer, torch.nn.Linear) or fp8_core.is_core_layer(layer))
-    core_linears = {n for n, m in model.model.diffusion_model.named_modules()
-                    if isinstance(m, torch.nn.Linear) and hasattr(m, "comfy_cast_weights")}
-    core_linears |= {n for n, layer in layers.items() if layer.linear}
-    return scaled_fp8.checkpoint_tensors(sd, prefix, layers, core_linears)
+    return fp8_save.fp8_layers_for_saving(model, sd, metadata)
 
 
 def save_model_sharded(model, name: str, max_shard_size: str = "5GB", overwrite: bool = False, progress=None) -> dict:
@@ -242,7 +204,7 @@ def save_model_sharded(model, name: str, max_shard_size: str = "5GB", overwrite:
                                           overwrite=overwrite, progress=progress)
     info.update(seconds=round(t.seconds, 3), choice=name, action="Saved")
     if fp8_info is not None:
-        info["fp8"] = dict(fp8_info, note=scaled_fp8.describe(fp8_info))
+        info["fp8"] = dict(fp8_info, note=fp8_save.describe(fp8_info))
     return info
 
 

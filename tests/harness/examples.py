@@ -5,6 +5,9 @@ machine as written, and are substituted here (and only here):
 - Wan's text encoder (CLIPLoader type ``wan`` → CLIPTextEncode): each such CLIPTextEncode
   becomes ``MemoryKitTestWanTextEncode`` with the same text; the CLIPLoader is dropped.
 - Output file prefixes get the workflow's name, so outputs can be told apart.
+- Balanced Device Map's ``auto`` budgets keep a model on a CPU-only machine's one device: the
+  tiny model gets :data:`TINY_DEVICE_MAP` (embeddings in RAM, blocks streamed from disk), so the
+  split really happens.
 """
 from __future__ import annotations
 
@@ -17,12 +20,33 @@ from . import paths, workflow
 from .server import ComfyServer, RunResult
 
 EXAMPLES = paths.REPO / "example_workflows"
+# Balanced Device Map settings for the tiny Wan model (4.2 MiB) in place of the template's "auto".
+TINY_DEVICE_MAP = {"strategy": "sequential", "max_memory": "cpu=4MiB, disk"}
 SAVE_NODES = {"SaveImage", "SaveAnimatedWEBP", "SaveAnimatedPNG", "MemoryKitTestSaveTensor"}
 
 
 def example_names() -> list[str]:
     """File stems of every example workflow, sorted."""
     return sorted(p.stem for p in EXAMPLES.glob("*.json"))
+
+
+def pack_node_types(name: str) -> set[str]:
+    """The MemoryKit node types (``MemoryKit*``) in ``example_workflows/<name>.json``."""
+    ui = json.loads((EXAMPLES / f"{name}.json").read_text())
+    return {n["type"] for n in ui["nodes"] if n["type"].startswith("MemoryKit")}
+
+
+def covering_examples() -> list[str]:
+    """The fewest example workflows (greedy set cover, ties by name) that hold between them every
+    MemoryKit node type found in any example, sorted."""
+    kinds = {name: pack_node_types(name) for name in example_names()}
+    left = set().union(*kinds.values())
+    chosen = []
+    while left:
+        best = max(sorted(kinds), key=lambda n: len(kinds[n] & left))
+        chosen.append(best)
+        left -= kinds[best]
+    return sorted(chosen)
 
 
 # Real model files named by the example workflows → the generated fixtures that stand in for
@@ -52,6 +76,9 @@ def load_example(name: str, object_info: dict) -> dict:
                 if MODEL_FILES[v] in _NEEDS_WAN22:
                     from .wan22_models import ensure_wan22_experts
                     ensure_wan22_experts()
+    for n in api.values():
+        if n["class_type"] == "MemoryKitBalancedDeviceMap" and n["inputs"].get("max_memory") == "auto":
+            n["inputs"].update(TINY_DEVICE_MAP)
     wan_clips = {nid for nid, n in api.items()
                  if n["class_type"] == "CLIPLoader" and n["inputs"].get("type") == "wan"}
     for nid, n in list(api.items()):

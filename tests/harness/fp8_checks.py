@@ -35,6 +35,32 @@ def cast(ci, model, storage="float8_e4m3fn", compute="auto", scaling="per-tensor
         return ci.fp8_layerwise_cast(model, storage, compute, scaling, preset, extra, fp8_matmul, lora_mode)
 
 
+def dequantised_weights(ci, patcher) -> dict:
+    """name → float32 real values (float8 value × scale) of the weight of every cast layer of the
+    loaded FP8 ``patcher``'s diffusion model (core's QuantizedTensor layers and MemoryKit's own)."""
+    from comfyui_memorykit.memorykit.comfy_integration.fp8_patcher import layer_scale
+    out = {}
+    for name, m in patcher.model.diffusion_model.named_modules():
+        if not hasattr(m, "_mk_original"):
+            continue
+        if ci.fp8_core.is_core_layer(m):
+            w, s = ci.fp8_core.storage_tensor(m), ci.fp8_core.weight_scale(m)
+        else:
+            w, s = m.weight, layer_scale(m)
+        out[f"{name}.weight"] = w.float() * (1.0 if s is None else s.float())
+    return out
+
+
+def with_weights(patcher, weights: dict):
+    """``patcher`` (a freshly loaded model no other patcher shares) with its diffusion model's
+    ``weights`` (name → tensor) copied into the parameters; returns it."""
+    with torch.inference_mode():
+        for name, p in patcher.model.diffusion_model.named_parameters():
+            if name in weights:
+                p.copy_(weights[name])
+    return patcher
+
+
 def fingerprint(module: torch.nn.Module) -> dict:
     """name → (module object, parameter object, dtype) of every parameter."""
     return {f"{name}.{pname}": (m, p, p.dtype)

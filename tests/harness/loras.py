@@ -64,21 +64,32 @@ def make_sd15_lora(path: Path, seed: int = 4242, delta_std: float = 1e-3, target
     os.replace(tmp, path)
 
 
-def ensure_sd15_lora() -> Path:
-    """Path of the LoRA (generated on first use, then cached)."""
-    path = paths.MODELS / "loras" / LORA_NAME
+def _ensure(name: str, **kwargs) -> Path:
+    """Path of ``loras/<name>``, written by :func:`make_sd15_lora` (``kwargs``) on first use and
+    then cached (a stamp file marks a complete one of this :data:`LORA_VERSION`)."""
+    path = paths.MODELS / "loras" / name
     stamp = path.with_name(path.name + f".v{LORA_VERSION}.ok")
     if not path.exists() or not stamp.exists():
-        make_sd15_lora(path)
+        make_sd15_lora(path, **kwargs)
         stamp.touch()
     return path
+
+
+def ensure_sd15_lora() -> Path:
+    """Path of the LoRA (generated on first use, then cached)."""
+    return _ensure(LORA_NAME)
 
 
 def ensure_big_lora() -> Path:
     """Path of the far-moving LoRA (:data:`BIG_LORA_NAME`; generated on first use, then cached)."""
-    path = paths.MODELS / "loras" / BIG_LORA_NAME
-    stamp = path.with_name(path.name + f".v{LORA_VERSION}.ok")
-    if not path.exists() or not stamp.exists():
-        make_sd15_lora(path, seed=4343, targets=BIG_TARGETS, updown_std=0.3)
-        stamp.touch()
-    return path
+    return _ensure(BIG_LORA_NAME, seed=4343, targets=BIG_TARGETS, updown_std=0.3)
+
+
+# A LoRA the size of the weights: the same layers as the big one, up and down std 0.1, so each ΔW
+# element has std 0.1 · 0.1 · sqrt(4) = 0.02 = the fixture's weight std (at strength 2: twice it).
+SIZED_LORA_NAME = "mk_sd15_lora_sized.safetensors"
+
+
+def ensure_sized_lora() -> Path:
+    """Path of :data:`SIZED_LORA_NAME` (generated on first use, then cached)."""
+    return _ensure(SIZED_LORA_NAME, seed=4444, targets=BIG_TARGETS, updown_std=0.1)
