@@ -49,6 +49,13 @@ class _Captured(Exception):
     """Raised by a ``stop`` head's hook once its output is kept: ends the capture run."""
 
 
+class GlobalContextMismatch(RuntimeError):
+    """The model ran the head/tail module differently on the whole input than on a tile (another
+    number of calls, or calls of other lengths outside the last two dims — e.g. a decoder that
+    splits a large activation in time, as 0.33's LTX-Video does past its chunk size): the captured
+    context does not fit the tile. The caller runs the tiles without global context instead."""
+
+
 class GlobalHead:
     """Output of ``module`` (last two dims = latent height/width) computed on the whole input.
 
@@ -86,6 +93,8 @@ class GlobalHead:
         grid_hw = tuple(n * self.scale for n in grid_hw)
 
         def keep(k, out):
+            if out.numel() == 0:  # a decoder that splits its activations may run a module on an empty chunk
+                raise GlobalContextMismatch(f"{type(self.module).__name__} ran on an empty chunk {tuple(out.shape)}")
             if tuple(out.shape[-2:]) != grid_hw:
                 raise RuntimeError(f"global context: {type(self.module).__name__} returned {tuple(out.shape)}, "
                                    f"expected the latent grid {tuple(grid_hw)} in its last two dims")
@@ -121,8 +130,11 @@ class GlobalHead:
 
         def give(k, out):
             if k >= len(self.outputs):
-                raise RuntimeError(f"global context: {type(self.module).__name__} ran {k + 1} times in a tile, "
-                                   f"{len(self.outputs)} times on the whole input")
+                raise GlobalContextMismatch(f"{type(self.module).__name__} ran {k + 1} times in a tile, "
+                                            f"{len(self.outputs)} times on the whole input")
+            if tuple(self.outputs[k].shape[:-2]) != tuple(out.shape[:-2]):  # a stop head saw only part of it
+                raise GlobalContextMismatch(f"{type(self.module).__name__} returned {tuple(out.shape[:-2])} (before "
+                                            f"height, width) in a tile, {tuple(self.outputs[k].shape[:-2])} on the whole input")
             return _crop(self.outputs[k], hs, ws).to(device=out.device, dtype=out.dtype)
         return self._hook(give)
 
@@ -185,7 +197,7 @@ class GlobalTail:
         """Context: ``module``'s input is replaced by the assembled map (call by call)."""
         def give(k, x):
             if k >= len(self.maps):
-                raise RuntimeError(f"global context: {type(self.module).__name__} ran {k + 1} times in the final "
-                                   f"pass, {len(self.maps)} times per tile")
+                raise GlobalContextMismatch(f"{type(self.module).__name__} ran {k + 1} times in the final "
+                                            f"pass, {len(self.maps)} times per tile")
             return self.maps[k].to(device=x.device, dtype=x.dtype)
         return self._pre_hook(give)

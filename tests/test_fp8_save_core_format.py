@@ -184,6 +184,11 @@ def test_wan_fp8_lora_save_reloads_to_live(ci, wan, tmp_path, lora_mode):
     live_err = rel(live, ref)
     print(f"\nWan {lora_mode} LoRA: live FP8+LoRA vs plain+LoRA {live_err:.5f}; saved: {saved['fp8']['note']}")
     assert n_core == info["core_layers"]
+    if lora_mode == "unmerged":  # re-quantised for the file with a power-of-two scale: exact in any compute dtype
+        merged = [k[len("diffusion_model."):-len(".lora_up.weight")] for k in lora if k.endswith(".lora_up.weight")]
+        scales = [sd[f"model.diffusion_model.{n}.weight_scale"] for n in merged
+                  if f"model.diffusion_model.{n}.weight_scale" in sd]
+        assert scales and all(float(torch.exp2(torch.round(torch.log2(sc)))) == float(sc) for sc in scales)
     for which, re in zip(("core's Load Diffusion Model", "Sharded Checkpoint Loader"), reloads):
         out = load_and_forward(re, *args, **kwargs)
         print(f"  {which}: reload vs live {rel(out, live):.5f}, vs plain+LoRA {rel(out, ref):.5f}")

@@ -238,6 +238,13 @@ def test_carried_time_cache_is_exact_and_leaves_no_hook(ci):
         with pytest.raises(KeyboardInterrupt):
             TimeCarry(links).run(dec, z, 2, on_chunk=stop)
     assert _hooks(dec) == before == 0
+    # time is not cut on this path: temporal_overlap is ignored, as its tooltip says (a temporal_size
+    # no larger than it was refused here before: "temporal_overlap (8 frames) must be >= 0 and smaller than
+    # temporal_size (8 frames)")
+    opts = ci.TiledVAEOptions(tile_px=32, overlap_px=8, temporal_size=8, temporal_overlap=8)
+    with torch.inference_mode():
+        out, info = ci.tiled_vae_decode(vae, z, opts)
+    assert "chunks of" in info["time"] and torch.isfinite(out).all()
 
 
 def test_core_time_carry_detection_follows_core():
@@ -277,3 +284,41 @@ def test_rgba_encode_measures_its_tile_cost_with_four_channels(ci):
         b, _ = ci.tiled_vae_encode(vae, px2, opts)
     assert info["cost_source"] == "measured" and info["tiles_per_item"] > 1
     assert not torch.equal(a, b)
+
+
+@pytest.mark.parametrize("split", ["the head's input, whole input only", "every activation"])
+def test_ltx_decoder_splitting_in_time_keeps_the_tiles_right(ci, monkeypatch, split):
+    """0.33's LTX-Video decoder splits an up-block's output in time past its chunk size (32-128 MiB
+    by the GPU's memory: 1280×704×201 frames on 8 GB). The global head then saw only the first
+    chunk of the whole input: a tile that was not split got the short capture and left the rest
+    of its frames as uninitialised memory (values ~1e22), a split tile stopped with "ran 2 times
+    in a tile". Now a context that does not fit the tiles is dropped (the report says why) and
+    the result is no farther from untiled than core's tiled decode. The chunk size is lowered for
+    the test (a tiny model never reaches 32 MiB)."""
+    import nodes
+    from comfy.ldm.lightricks.vae import causal_video_autoencoder as cva
+    if not hasattr(cva, "get_max_chunk_size"):
+        pytest.skip("this ComfyUI's LTX-Video decoder does not split its activations in time")
+    vae = vae_zoo.build("ltxv")
+    s, k, tile, overlap, _, _ = _sizes(vae, True)
+    z = _latent(vae, True, 1)
+    sizes = []
+    hooks = [b.register_forward_hook(lambda m, a, out: sizes.append(out.numel() * out.element_size()))
+             for b in vae.first_stage_model.decoder.up_blocks]
+    with torch.inference_mode():
+        ref = _flat(vae.decode(z))
+    for h in hooks:
+        h.remove()
+    # sizes[0]: up_blocks[0]'s output, the global head's input (the head is up_blocks[1] here)
+    limit = sizes[0] // 2 + 1 if split.startswith("the head's") else 1
+    monkeypatch.setattr(cva, "get_max_chunk_size", lambda device: limit)
+    opts = ci.TiledVAEOptions(tile_px=tile, overlap_px=overlap, temporal_size=4096, temporal_overlap=8)
+    with torch.inference_mode():
+        assert torch.allclose(_flat(vae.decode(z)), ref, atol=1e-4)  # core's chunks are exact
+        core = _flat(nodes.VAEDecodeTiled().decode(vae, {"samples": z}, tile, overlap, 4096, 8)[0])
+        ours, info = ci.tiled_vae_decode(vae, z, opts)
+    e_ours, e_core = rel_err(ours, ref), rel_err(core, ref)
+    print(f"\nltxv decode, activations split ({split}, {limit} B): ours {e_ours:.4f} core {e_core:.4f}, "
+          f"context {info['global_context']}")
+    assert ours.shape == ref.shape and torch.isfinite(ours).all() and info["tiles_per_item"] > 1
+    assert e_ours <= _allowed(e_core)

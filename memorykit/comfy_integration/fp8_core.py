@@ -139,8 +139,9 @@ def merged_for_saving(layer, patches: dict, key: str) -> tuple[torch.Tensor, tor
     """``(float8 weight, scale)`` of an unmerged-mode layer with its LoRA merged, for a saved
     checkpoint (a file holds no per-forward patch): core's ``calculate_weight`` of ``patches[key]``
     on the original high-precision weight in float32 (one rounding), quantised with the layer's
-    storage dtype and a scale re-derived from the sum (per tensor on the core path, else the
-    layer's own scaling)."""
+    storage dtype and a scale re-derived from the sum (per tensor on the core path, a power of two
+    there: core's loader multiplies by it in the compute dtype, where a power of two is exact;
+    else the layer's own scaling)."""
     import comfy.lora
 
     from .. import fp8
@@ -149,8 +150,10 @@ def merged_for_saving(layer, patches: dict, key: str) -> tuple[torch.Tensor, tor
     with torch.no_grad():
         w = original.weight.detach().to(torch.float32, copy=True)
         merged = comfy.lora.calculate_weight(patches[key], w, key)
-        scaling = "per-tensor" if is_core_layer(layer) else layer._mk_scaling
-        q, s = fp8.quantize_weight(merged, storage.dtype, scaling if scaling != "none" else "per-tensor")
+        core = is_core_layer(layer)
+        scaling = "per-tensor" if core else layer._mk_scaling
+        q, s = fp8.quantize_weight(merged, storage.dtype, scaling if scaling != "none" else "per-tensor",
+                                   power_of_two=core)
     return q.to("cpu"), s.to("cpu")
 
 

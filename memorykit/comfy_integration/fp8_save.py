@@ -99,7 +99,11 @@ def _own_layer(layer, q: torch.Tensor, scale, p: str) -> tuple[dict, dict | None
     fmt = compat.core_fp8_format(q.dtype)
     linear = isinstance(layer, torch.nn.Linear) or fp8_core.is_core_layer(layer)
     per_tensor = scale is None or scale.numel() == 1
-    if fmt is not None and linear and per_tensor:
+    # core's loader multiplies by the scale in the compute dtype: keep core's format only for a scale
+    # every compute dtype holds exactly (else the reload would be off the live layer by the rounding)
+    exact = scale is None or all(bool((scale.float().to(d).float() == scale.float()).all())
+                                 for d in (torch.bfloat16, torch.float16))
+    if fmt is not None and linear and per_tensor and exact:
         s = torch.ones((), dtype=torch.float32) if scale is None else scale.detach().to("cpu", torch.float32)
         full = not getattr(layer, "_mk_fp8_matmul", False) if not fp8_core.is_core_layer(layer) \
             else bool(getattr(layer, "_full_precision_mm", True))
@@ -111,6 +115,7 @@ def _own_layer(layer, q: torch.Tensor, scale, p: str) -> tuple[dict, dict | None
     dtype = w.dtype if w is not None and w.is_floating_point() and w.dtype.itemsize > 1 else torch.float32
     s = None if scale is None else scale.detach().to("cpu")
     kind = (str(q.dtype).replace("torch.", "") + ("" if per_tensor else " per-output-channel")
+            + ("" if exact or not per_tensor else " scale not exact in bf16/fp16")
             + ("" if linear else f" {type(original or layer).__name__.replace('MemoryKitFp8', '')}"))
     return {p + "weight": fp8.dequantize_weight(q.detach().to("cpu"), s, dtype)}, None, kind
 

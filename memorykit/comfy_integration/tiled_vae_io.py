@@ -11,6 +11,7 @@ import torch
 import comfy.model_management as mm
 
 from .. import tiled_vae as tv
+from ..global_context import GlobalContextMismatch
 from ..norm_stats import SharedGroupNormStats
 from .compat import decoder_gives_pre_end, patcher_free_memory
 from .vae_time import carried_decode, time_mode
@@ -322,12 +323,19 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
         mm.throw_exception_if_processing_interrupted()
 
     t0 = time.perf_counter()
-    out = tv.run_tiled(x, fn, plan, norm_stats=norm, head_module=head[0] if head else None,
-                        head_scale=head[1] if head else 1, head_store_device=head_store,
-                        head_stop=bool(head and len(head) > 3 and head[3]),
-                        tail_module=tail[0] if tail else None,
-                        tail_scale=tail[1] if tail else 1,
-                        tail_dummy=tail_dummy, on_step=on_step, output_device=vae.output_device)
+    context_off = ""
+    try:
+        out = tv.run_tiled(x, fn, plan, norm_stats=norm, head_module=head[0] if head else None,
+                           head_scale=head[1] if head else 1, head_store_device=head_store,
+                           head_stop=bool(head and len(head) > 3 and head[3]),
+                           tail_module=tail[0] if tail else None,
+                           tail_scale=tail[1] if tail else 1,
+                           tail_dummy=tail_dummy, on_step=on_step, output_device=vae.output_device)
+    except GlobalContextMismatch as e:  # the context does not fit the tiles: tile without it (correct, less exact)
+        context_off = f"off: {(head or tail)[2]} {e}"
+        head = tail = None
+        pbar = comfy.utils.ProgressBar(tv.steps_for(plan, x.shape[0], bool(norm and norm.available)))
+        out = tv.run_tiled(x, fn, plan, norm_stats=norm, on_step=on_step, output_device=vae.output_device)
     info = {
         "direction": direction, "vae": type(vae.first_stage_model).__name__,
         "input_shape": list(x.shape), "output_shape": list(out.shape), "items": int(x.shape[0]),
@@ -336,7 +344,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
         "plan": plan.describe(), "tiles_per_item": plan.num_tiles,
         "time": _time_info(vae, direction, shape, plan, opts),
         "shared_norm_stats": bool(norm and norm.available and plan.num_tiles > 1),
-        "global_context": (head[2] if head else tail[2] if tail else "off"),
+        "global_context": (head[2] if head else tail[2] if tail else context_off or "off"),
         "global_context_kept_on": str(head_store) if head else None,
         "memory_budget_bytes": int(max(0, budget)), "budget_source": budget_source,
         "tile_bytes_estimate": int(cost.bytes_for(units(plan))), "cost_source": cost.source,
@@ -415,7 +423,7 @@ def tiled_vae_decode(vae, samples: torch.Tensor, opts: TiledVAEOptions) -> tuple
         return model.decode(z.to(dtype).to(device)).to(out_dev).float()
 
     if shape.video and time_mode(vae, "decode") == "carry":
-        tv.check_tile_args(opts.tile_px, opts.overlap_px, opts.temporal_size, opts.temporal_overlap)
+        tv.check_tile_args(opts.tile_px, opts.overlap_px, opts.temporal_size, 0)  # time is not cut: overlap ignored
         fn = carried_decode(vae, fn, carry_chunk(shape, opts), mm.throw_exception_if_processing_interrupted)
 
     def cost_model(frames, s):
