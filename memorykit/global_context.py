@@ -194,10 +194,43 @@ class GlobalTail:
         return self._pre_hook(take)
 
     def finishing(self):
-        """Context: ``module``'s input is replaced by the assembled map (call by call)."""
+        """Context: ``module``'s input is replaced by the assembled map — call by call, or for
+        video maps (``[B, C, T, h, w]``) frame range by frame range: the k-th call in the final
+        pass gets the next ``T_k`` frames of the maps joined in time. A model that splits time
+        into chunks by the frame size (0.33's LTX-Video encoder: chunk length from the bytes of
+        one frame) runs the module in other chunks on the small final input than on a tile; the
+        chunks are consecutive in time, so the frames line up either way. Raises
+        :class:`GlobalContextMismatch` when the final pass asks for more frames (or calls) than
+        the tiles gave, or, on leaving, when it used fewer."""
+        video = bool(self.maps) and all(m.ndim == 5 for m in self.maps) and \
+            len({tuple(m.shape[:2]) for m in self.maps}) == 1
+        total = sum(m.shape[2] for m in self.maps) if video else len(self.maps)
+        used = _Calls()
+
+        def frames(lo: int, hi: int) -> torch.Tensor:
+            parts, start = [], 0
+            for m in self.maps:
+                a, b = max(lo, start), min(hi, start + m.shape[2])
+                if a < b:
+                    parts.append(m[:, :, a - start:b - start])
+                start += m.shape[2]
+            return parts[0] if len(parts) == 1 else torch.cat(parts, 2) if parts else self.maps[0][:, :, :0]
+
         def give(k, x):
-            if k >= len(self.maps):
-                raise GlobalContextMismatch(f"{type(self.module).__name__} ran {k + 1} times in the final "
-                                            f"pass, {len(self.maps)} times per tile")
-            return self.maps[k].to(device=x.device, dtype=x.dtype)
-        return self._pre_hook(give)
+            n = x.shape[2] if video and x.ndim == 5 else 1
+            lo = used.k
+            used.k += n
+            if used.k > total:
+                raise GlobalContextMismatch(f"{type(self.module).__name__} asked for {used.k} "
+                                            f"{'frames' if video else 'calls'} in the final pass, the tiles gave {total}")
+            g = frames(lo, lo + n) if video and x.ndim == 5 else self.maps[k]
+            return g.to(device=x.device, dtype=x.dtype)
+
+        @contextlib.contextmanager
+        def checked():
+            with self._pre_hook(give):
+                yield self
+            if used.k != total:
+                raise GlobalContextMismatch(f"{type(self.module).__name__} used {used.k} of {total} "
+                                            f"{'frames' if video else 'calls'} of the tiles' map in the final pass")
+        return checked()

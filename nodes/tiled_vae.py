@@ -15,10 +15,10 @@ def _tiling_inputs() -> list:
                              "at the planned tile (unless memory_budget_gb is set)."),
         io.Int.Input("overlap", default=64, min=0, max=8192, step=8,
                      tooltip="Pixels shared by neighbouring tiles; must be smaller than tile_size. Image VAEs, "
-                             "Wan and HunyuanVideo with time uncut: the seam sits in the middle of the overlap, "
-                             "cross-faded over a quarter of it, the rest is context that hides the borders; other "
-                             "video VAEs (HunyuanVideo 1.5, LTX, Mochi, Cosmos) cross-fade over the whole overlap. Larger = fewer visible "
-                             "seams, more work."),
+                             "Wan, and HunyuanVideo, HunyuanVideo 1.5 and LTX with time uncut: the seam sits in the "
+                             "middle of the overlap, cross-faded over a quarter of it, the rest is context that hides "
+                             "the borders; Mochi, Cosmos and video cut into temporal tiles cross-fade over the whole "
+                             "overlap. Larger = fewer visible seams, more work."),
         io.Int.Input("temporal_size", default=64, min=1, max=4096, step=1,
                      tooltip="Video VAEs only: frames per temporal tile (not used, nor checked, for image VAEs). "
                              "Ignored where the VAE itself runs time in causal "
@@ -41,7 +41,7 @@ def _tiling_inputs() -> list:
         io.Boolean.Input("global_context", default=True,
                          tooltip="Run the VAE's low-resolution middle part (with its global attention) once on the "
                                  "whole latent and give each tile its crop (SD-family, Flux, Flux 2, Qwen-Image, "
-                                 "Wan 2.1/2.2, HunyuanVideo 1.5, Mochi decode; HunyuanVideo and LTX decode "
+                                 "Wan 2.1/2.2, HunyuanVideo 1.5, Mochi decode; HunyuanVideo and LTX "
                                  "with time uncut). Much closer "
                                  "to the untiled result; costs memory proportional to the whole latent."),
     ]

@@ -170,6 +170,56 @@ def test_global_head_and_tail_make_a_global_op_exact(mk):
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in list(dec.modules()) + list(enc.modules()))
 
 
+class _FrameMix(nn.Module):
+    """Global over each frame's pixels, local in time: ``[B, C, T, h, w]``."""
+
+    def forward(self, x):
+        return x + x.mean(dim=(-2, -1), keepdim=True)
+
+
+class _ChunkedByFrameSize(nn.Module):
+    """Runs ``body`` in time chunks whose length follows the bytes of one frame, as 0.33's
+    LTX-Video encoder does (``chunk_t`` from ``get_max_chunk_size`` / frame bytes): frames of more
+    than ``limit`` elements in chunks of 2, smaller ones whole."""
+
+    def __init__(self, body: nn.Module, limit: int):
+        super().__init__()
+        self.body, self.limit = body, limit
+
+    def forward(self, x):
+        step = 2 if x[:, :, :1].numel() > self.limit else x.shape[2]
+        return torch.cat([self.body(c) for c in torch.split(x, step, dim=2)], 2)
+
+
+def test_global_tail_lines_up_time_chunks_that_differ_between_tiles_and_final_pass(mk):
+    """A video encoder that chunks time by the frame size runs the tail module 3 times per tile
+    (chunks of 2 of 5 frames) and once on the final pass's small input: the final pass gets the
+    tiles' map frame range by frame range, and the result is exact for a global op (call by call,
+    the final pass got the first chunk's 2 frames for all 5: a tile of the wrong size). A final
+    pass that uses fewer frames than the tiles gave raises GlobalContextMismatch."""
+    torch.manual_seed(4)
+    mix = _FrameMix()
+    body = nn.Sequential(nn.Conv3d(3, 8, 1), nn.AvgPool3d((1, 8, 8)), mix, nn.Conv3d(8, 4, 1)).eval()
+    enc = _ChunkedByFrameSize(body, limit=3 * 16 * 16)
+    px = torch.rand(1, 3, 5, 160, 208)
+    with torch.inference_mode():
+        plan = mk.tv.make_plan(mk.tv.VAEShape(4, 8, 1, False, True), "encode", (5, 160, 208), 64, 16)
+        plain = mk.tv.run_tiled(px, enc, plan)
+        tailed = mk.tv.run_tiled(px, enc, plan, tail_module=mix, tail_dummy=lambda x: x[..., :8, :8])
+        ref = enc(px)
+        assert not torch.allclose(plain, ref, atol=1e-3)
+        assert tailed.shape == ref.shape and torch.allclose(tailed, ref, atol=1e-5)
+        tail = mk.gc.GlobalTail(mix, (20, 26))
+        tail.maps = [torch.zeros(1, 8, 2, 20, 26), torch.zeros(1, 8, 3, 20, 26)]
+        with pytest.raises(mk.gc.GlobalContextMismatch, match="used 4 of 5 frames"):
+            with tail.finishing():
+                body(px[:, :, :4, :8, :8])
+        with pytest.raises(mk.gc.GlobalContextMismatch, match="asked for 6"):
+            with tail.finishing():
+                body(torch.rand(1, 3, 6, 8, 8))
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in body.modules())
+
+
 class _SizedTail(nn.Module):
     """Stands for layers that cannot run on a stand-in input (LTX-Video's decoder writes into an
     output buffer sized from its input): refuses an input of another size than the model's."""

@@ -28,7 +28,7 @@ CHUNK = 2                   # latent frames per temporal tile / carried chunk (t
 # cache + global context + shared statistics give; figures in docs/tiled-vae.md). ≤ 1/4: issue 25.
 BOUNDS = {("wan21", "decode"): 0.25, ("wan22", "decode"): 0.25, ("wan22", "encode"): 0.25, ("hunyuan_video", "decode"): 0.25, ("hunyuan_video", "encode"): 0.4,
           ("hunyuan_video15", "decode"): 0.25, ("hunyuan_video15", "encode"): 0.25, ("ltxv", "decode"): 0.25,
-          ("ltxv", "encode"): 0.5, ("mochi", "decode"): 0.45}
+          ("ltxv", "encode"): 0.25, ("mochi", "decode"): 0.45}
 
 
 def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -204,9 +204,10 @@ def test_spatial_tiles_only(name, direction, ci):
           f"tiles {info['tiles_per_item']}")
     assert ours.shape == ref.shape and info["tiles_per_item"] > 1 and info["plan"]["tiles_per_axis"][0] == 1
     assert e_ours <= _allowed(e_core)
-    # time uncut on every core: global head (+ shared statistics on HunyuanVideo); 0.21-0.26 of core's here
-    if (name, direction) in (("hunyuan_video", "decode"), ("ltxv", "decode")):
-        assert e_ours <= 0.3 * e_core
+    # time uncut on every core: global head/tail (+ shared statistics on HunyuanVideo): 0.17-0.26 of core's here
+    bound = {("hunyuan_video", "decode"): 0.3, ("ltxv", "decode"): 0.25, ("ltxv", "encode"): 0.25}.get((name, direction))
+    if bound is not None:
+        assert e_ours <= bound * e_core
 
 
 def _hooks(module) -> int:
@@ -322,3 +323,41 @@ def test_ltx_decoder_splitting_in_time_keeps_the_tiles_right(ci, monkeypatch, sp
           f"context {info['global_context']}")
     assert ours.shape == ref.shape and torch.isfinite(ours).all() and info["tiles_per_item"] > 1
     assert e_ours <= _allowed(e_core)
+
+
+@pytest.mark.parametrize("chunks", ["tiles only", "tiles and final pass"])
+def test_ltx_encoder_chunking_in_time_keeps_the_global_tail(ci, monkeypatch, chunks):
+    """0.33's LTX-Video encoder runs its layers in time chunks whose length follows the bytes of
+    one frame (``get_max_chunk_size``): a tile of 192² px gets other chunks than the final pass's
+    one-latent-pixel input. The global tail (the tiles' input to the last spatial downsampler,
+    joined, then the rest of the encoder once) lines the calls up frame by frame
+    (``GlobalTail.finishing``): with chunks of 2 frames in the tiles only, or everywhere, the
+    tail stays on and the result equals the unchunked tiled encode. Matched call by call, the
+    calls disagreed and the tail was dropped (0.73 of untiled's variation vs 0.11 with it).
+    The chunk size is lowered for the test (a tiny model never reaches 32 MiB)."""
+    import nodes
+    from comfy.ldm.lightricks.vae import causal_video_autoencoder as cva
+    if not hasattr(cva, "get_max_chunk_size"):
+        pytest.skip("this ComfyUI's LTX-Video encoder does not split time in chunks")
+    vae = vae_zoo.build("ltxv")
+    s, k, tile, overlap, _, _ = _sizes(vae, True)
+    px = _pixels(vae, True, s, k, 2)
+    opts = ci.TiledVAEOptions(tile_px=tile, overlap_px=overlap, temporal_size=4096, temporal_overlap=8)
+    with torch.inference_mode():
+        ref = vae.encode(px)
+        plain, plain_info = ci.tiled_vae_encode(vae, px, opts)
+        core = nodes.VAEEncodeTiled().encode(vae, px, tile, overlap, 4096, 8)[0]["samples"]
+    # bytes of one frame of a tile after the encoder's first conv (as the encoder computes it)
+    enc = vae.first_stage_model.encoder
+    frame = tile * tile * 3 * 4 * enc.conv_in.out_channels // enc.conv_in.in_channels
+    limit = frame if chunks == "tiles only" else 1  # encoder: chunk_t = max(2, 2·limit // frame)
+    monkeypatch.setattr(cva, "get_max_chunk_size", lambda device: limit)
+    with torch.inference_mode():
+        assert torch.allclose(vae.encode(px), ref, atol=1e-4)  # core's chunks are exact
+        ours, info = ci.tiled_vae_encode(vae, px, opts)
+    e_ours, e_core = rel_err(ours, ref), rel_err(core, ref)
+    print(f"\nltxv encode, time in chunks ({chunks}): ours {e_ours:.4f} (unchunked {rel_err(plain, ref):.4f}) "
+          f"core {e_core:.4f}, context {info['global_context']}")
+    assert info["global_context"] == plain_info["global_context"] != "off"
+    assert torch.allclose(ours, plain, atol=1e-4)
+    assert e_ours <= 0.25 * e_core

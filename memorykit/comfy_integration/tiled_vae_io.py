@@ -67,36 +67,56 @@ def _frame_spanning_groupnorm(vae) -> bool:
     return type(getattr(m, "decoder", None)) is Decoder and type(getattr(m, "encoder", None)) is Encoder
 
 
-def blend_rule(vae, shape: tv.VAEShape, time_cut: bool = True) -> tuple[float, bool]:
-    """(feather, shared GroupNorm statistics allowed) for this VAE — chosen by its structure.
+def blend_rule(vae, shape: tv.VAEShape, time_cut: bool = True, context: bool = True) -> tuple[float, bool]:
+    """(feather, shared GroupNorm statistics allowed) for this VAE — chosen by its structure;
+    ``context``: a global head/tail will run (the choice is made again without it when none fits
+    or it does not fit the tiles).
 
-    HunyuanVideo with time uncut (``time_cut`` False: its own causal chunks on 0.33+, or
-    temporal tiles longer than the video): as image VAEs and Wan, feather 0.25 and shared
-    statistics; with the global head/tail that is 0.24 of core's error decoding (0.33.0 zoo:
-    0.287 vs core 1.185; 0.28 vs 1.18 on 0.3.75 with time uncut), encoding 0.36 (0.342 vs
-    0.955); without statistics 0.58 (decode, 0.3.75).
-
-    Video VAEs where time is cut into temporal tiles, and the others (HunyuanVideo 1.5, LTX-Video,
-    Mochi, Cosmos: no plain frame-spanning GroupNorm — RMS, pixel and per-frame norms):
-    cross-fade over the whole overlap (feather 1.0, as core's ramp) and no shared
-    statistics (LTX-Video time uncut: 0.44 of core's error at feather 1.0, 0.47 at 0.25;
-    HunyuanVideo 1.5 0.29 vs 0.31). With temporal tiles each tile's GroupNorms see other frames
-    than the statistics pre-pass (one downsampled first temporal tile), so shared statistics
-    hurt; Mochi's GroupNorms are per frame (the hooks would pool frames). Measured on the zoo
-    (0.33.0, CPU, tests/test_vae_zoo.py sizes, temporal tiles; ours with stats/feather 0.25 →
-    chosen, core): HunyuanVideo decode 1.41 → 1.12 (core 1.18); Mochi decode 0.81 → 0.76 (core
-    0.80), encode 0.86 → 0.79 (core 0.81); LTX-Video encode 0.751 → 0.731 (core 0.748); Cosmos
-    decode 0.187 → 0.162 (core 0.285), spatial-only encode 0.051 → 0.048 (core 0.057); issue 25:
-    Mochi spatial-only decode 0.51 with stats, 0.27 without (core 0.29), Cosmos spatial-only
-    encode 0.105 at feather 0.25, core 0.076.
     Image VAEs and Wan 2.1/2.2 (time never cut, the cache carried by the VAE): feather 0.25
     (seam in the middle of the overlap; SD/Wan figures in ``memorykit/tiled_vae.py``), shared
-    statistics on.
+    statistics on. HunyuanVideo with time uncut (its own causal chunks on 0.33+, or temporal tiles
+    longer than the video): the same; with the global head/tail 0.24 of core's error decoding
+    (0.33.0 zoo: 0.287 vs core 1.185; 0.28 vs 1.18 on 0.3.75 with time uncut), encoding 0.36
+    (0.342 vs 0.955; feather 1.0: 0.371; without statistics 0.81).
+
+    HunyuanVideo 1.5 and LTX-Video with time uncut and a global context: feather 0.25, no shared
+    statistics (RMS / pixel norms) — the context removes the far-reaching part, and the seam is
+    best in the middle of the overlap (zoo, 0.33.0, ratio to core at feather 1.0 → 0.25: LTX-Video
+    decode 0.135 → 0.105, encode 0.154 → 0.112, spatial tiles only 0.214 → 0.167 / 0.284 → 0.208;
+    HunyuanVideo 1.5 decode 0.077 → 0.042, encode 0.103 → 0.061). Without the context: feather 1.0
+    (LTX-Video time uncut 0.44 of core's error at 1.0, 0.47 at 0.25; HunyuanVideo 1.5 0.29 vs 0.31).
+
+    Video VAEs where time is cut into temporal tiles, and the others (Mochi, Cosmos: pixel and
+    per-frame norms): cross-fade over the whole overlap (feather 1.0, as core's ramp) and no
+    shared statistics. With temporal tiles each tile's GroupNorms see other frames than the
+    statistics pre-pass (one downsampled first temporal tile), so shared statistics hurt;
+    Mochi's GroupNorms are per frame (the hooks would pool frames); Mochi decode with its head is
+    no better at 0.25 (0.408 vs 0.399 at 1.0). Measured on the zoo (0.33.0, CPU,
+    tests/test_vae_zoo.py sizes, temporal tiles; ours with stats/feather 0.25 → chosen, core):
+    HunyuanVideo decode 1.41 → 1.12 (core 1.18); Mochi decode 0.81 → 0.76 (core 0.80), encode
+    0.86 → 0.79 (core 0.81); LTX-Video encode 0.751 → 0.731 (core 0.748); Cosmos decode 0.187 →
+    0.162 (core 0.285), spatial-only encode 0.051 → 0.048 (core 0.057); issue 25: Mochi
+    spatial-only decode 0.51 with stats, 0.27 without (core 0.29), Cosmos spatial-only encode
+    0.105 at feather 0.25, core 0.076.
     """
     from .vae_time import _is_wan
-    if shape.video and (time_cut or not (_is_wan(vae.first_stage_model) or _frame_spanning_groupnorm(vae))):
-        return 1.0, False
-    return tv.DEFAULT_FEATHER, True
+    if not shape.video:
+        return tv.DEFAULT_FEATHER, True
+    if not time_cut and (_is_wan(vae.first_stage_model) or _frame_spanning_groupnorm(vae)):
+        return tv.DEFAULT_FEATHER, True
+    if not time_cut and context and _seam_centred_with_context(vae):
+        return tv.DEFAULT_FEATHER, False
+    return 1.0, False
+
+
+def _seam_centred_with_context(vae) -> bool:
+    """HunyuanVideo 1.5's and LTX-Video's VAEs (see :func:`blend_rule`)."""
+    import sys
+    from comfy.ldm.lightricks.vae import causal_video_autoencoder as cva
+    m = vae.first_stage_model
+    hy15 = sys.modules.get("comfy.ldm.hunyuan_video.vae_refiner")
+    kinds = (cva.Decoder, cva.Encoder) + ((hy15.Decoder, hy15.Encoder) if hy15 is not None else ())
+    return type(getattr(m, "decoder", None)) in kinds
 
 
 # Sides (latent pixels) of the two probe tiles the tile cost is measured with, by "the VAE runs
@@ -164,8 +184,9 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
         raise ValueError(f"memory budget ({budget / 2 ** 30:.2f} GiB besides the VAE's weights, from {budget_source}) is "
                          f"too small for the smallest tile ({min_tile * s} px, about "
                          f"{cost.bytes_for(min_tile ** 2) / 2 ** 30:.2f} GiB): raise memory_budget_gb or lower overlap")
-    if t * s < opts.tile_px and t < max(grid_hw):
-        plan = tv.make_plan(shape, direction, dims, t * s, opts.overlap_px, *args)
+    tile_px = t * s if t * s < opts.tile_px and t < max(grid_hw) else opts.tile_px
+    if tile_px != opts.tile_px:
+        plan = tv.make_plan(shape, direction, dims, tile_px, opts.overlap_px, *args)
     head = tail = None
     if opts.global_context and plan.num_tiles > 1 and not (shape.video and len(plan.axes[0].starts) > 1):
         if direction == "decode":
@@ -178,6 +199,13 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
                 if vae_context.tail_bytes(vae, c[0], c[1], plan) <= budget:
                     tail = c
                     break
+
+    def replan():  # the blend chosen without a global context
+        return tv.make_plan(shape, direction, dims, tile_px, opts.overlap_px, *temporal,
+                            blend_rule(vae, shape, time_cut, context=False)[0])
+
+    if head is None and tail is None and opts.feather is None and plan.num_tiles > 1:
+        plan = replan()
     # Keep the head's output on the GPU while the tiles run when it fits next to a tile (saves a
     # device→host→device round trip of a whole-latent activation); else on the output device.
     head_store = vae.output_device
@@ -205,6 +233,8 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     except GlobalContextMismatch as e:  # the context does not fit the tiles: tile without it (correct, less exact)
         context_off = f"off: {(head or tail)[2]} {e}"
         head = tail = None
+        if opts.feather is None:
+            plan = replan()
         pbar = comfy.utils.ProgressBar(tv.steps_for(plan, x.shape[0], bool(norm and norm.available)))
         out = tv.run_tiled(x, fn, plan, norm_stats=norm, on_step=on_step, output_device=vae.output_device)
     info = {
