@@ -100,7 +100,9 @@ class TimeCarry:
         try:
             for i, lk in enumerate(self.links):
                 handles.append(lk.module.register_forward_pre_hook(lambda m, a, i=i: self._pre(i, m, a)))
-                handles.append(lk.module.register_forward_hook(lambda m, a, o, i=i: self._post(i, m, a, o)))
+                # prepend: the cut runs before any other hook on the module (a global head's
+                # replacement then gets, and gives, the chunk's own frames)
+                handles.append(lk.module.register_forward_hook(lambda m, a, o, i=i: self._post(i, m, a, o), prepend=True))
             outs = []
             for s in range(0, x.shape[2], chunk):
                 outs.append(fn(x[:, :, s:s + chunk]))

@@ -29,6 +29,9 @@ CHUNK = 2                   # latent frames per temporal tile / carried chunk (t
 BOUNDS = {("wan21", "decode"): 0.25, ("wan22", "decode"): 0.25, ("wan22", "encode"): 0.25, ("hunyuan_video", "decode"): 0.25, ("hunyuan_video", "encode"): 0.4,
           ("hunyuan_video15", "decode"): 0.25, ("hunyuan_video15", "encode"): 0.25, ("ltxv", "decode"): 0.25,
           ("ltxv", "encode"): 0.5, ("mochi", "decode"): 0.45}
+# Video decoders whose time is never cut, on every core (a causal time cache carried by the VAE or by
+# Tiled VAE: HunyuanVideo on 0.3.75 and Mochi by ``vae_time``'s carry), so BOUNDS applies to them.
+WHOLE_LENGTH_DECODE = {"wan21", "wan21_rgba", "wan22", "hunyuan_video", "hunyuan_video15", "mochi"}
 
 
 def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -139,6 +142,8 @@ def test_decode(zoo_vae, ci):
           f" flicker {_r(fl)} (core {_r(fl_core)}) tiles {info['tiles_per_item']} context {info.get('global_context')}")
     assert info["tiles_per_item"] > 1 or info.get("deferred_to_core")
     assert e_ours <= _allowed(e_core)
+    if name in WHOLE_LENGTH_DECODE:
+        assert "whole length" in str(info.get("time")), info.get("time")
     _check_bound(name, "decode", info, e_ours, e_core)
     if fl is not None:  # no jump at our temporal borders beyond inside a tile, or beyond core's there (+1 %)
         assert fl <= max(1.0, fl_core) * 1.01
@@ -245,6 +250,59 @@ def test_carried_time_cache_is_exact_and_leaves_no_hook(ci):
     with torch.inference_mode():
         out, info = ci.tiled_vae_decode(vae, z, opts)
     assert "chunks of" in info["time"] and torch.isfinite(out).all()
+
+
+def test_hunyuan_carried_chunks_with_whole_length_context_are_exact_and_leave_no_hook(ci):
+    """0.3.75's HunyuanVideo decoder (one forward over the whole length in core) run in chunks of
+    1 and 2 latent frames with the carried cache, the global head captured on the whole length in
+    one forward (each chunk gets its own frames of it) and the whole length's GroupNorm statistics
+    replayed in every chunk equals the whole decode (float rounding), with the head at the first
+    upsampler or at the mid block; without the head (the mid-block attention then sees one chunk)
+    or without the statistics it does not. An interrupt in the middle leaves no hook behind, and
+    without a global head the node cuts time into tiles instead. On 0.33 core carries time itself:
+    "core" mode, no links (0.33's figures unchanged)."""
+    from comfyui_memorykit.memorykit import tiled_vae as tv
+    from comfyui_memorykit.memorykit.comfy_integration import vae_time
+    from comfyui_memorykit.memorykit.comfy_integration.compat import core_carries_time
+    from comfyui_memorykit.memorykit.norm_stats import SharedGroupNormStats
+    from comfyui_memorykit.memorykit.time_carry import TimeCarry
+    vae = vae_zoo.build("hunyuan_video")
+    dec = vae.first_stage_model.decoder
+    links = vae_time.hunyuan_decoder_links(dec)
+    if core_carries_time(dec):
+        assert links is None and vae_time.time_mode(vae, "decode") == "core"
+        return
+    assert links and vae_time.time_mode(vae, "decode") == "carry" and vae_time.time_mode(vae, "encode") == "tiles"
+    z = _latent(vae, True, 4)[:, :, :, :4, :4].repeat(1, 1, 2, 1, 1)[:, :, :5]
+    shape = ci.tiled_vae_io.vae_shape(vae, "decode")
+    plan = tv.make_plan(shape, "decode", tuple(z.shape[2:]), 4096, 0)  # one tile: the whole latent
+    heads = {"up": (dec.up[len(dec.up) - 1].upsample, 2), "mid": (dec.mid.block_2, 1)}
+
+    def chunked(chunk, head="up", stats=True, on_chunk=None):
+        carry = TimeCarry(links)
+        mod, scale = heads[head] if head else (None, 1)
+        return tv.run_tiled(z, lambda x: carry.run(dec, x, chunk, on_chunk), plan,
+                            norm_stats=SharedGroupNormStats(dec) if stats else None, head_module=mod, head_scale=scale,
+                            chunks=tv.TimeChunks(dec, dec, chunk))
+    with torch.inference_mode():
+        ref = dec(z)
+        for chunk in (1, 2):
+            for head in heads:
+                out = chunked(chunk, head)
+                assert out.shape == ref.shape and rel_err(out, ref) < 1e-5, (chunk, head, rel_err(out, ref))
+        assert rel_err(chunked(2, head=None), ref) > 1e-2  # the mid-block attention over time
+        assert rel_err(chunked(2, stats=False), ref) > 1e-2  # the GroupNorms over time
+        before = _hooks(dec)
+
+        def stop():
+            raise KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt):
+            chunked(2, on_chunk=stop)
+    assert _hooks(dec) == before == 0
+    opts = ci.TiledVAEOptions(tile_px=16, overlap_px=8, temporal_size=4, temporal_overlap=0, global_context=False)
+    with torch.inference_mode():
+        out, info = ci.tiled_vae_decode(vae, z, opts)
+    assert info["time"].startswith("tiles of") and "need the global head" in info["time"] and torch.isfinite(out).all()
 
 
 def test_core_time_carry_detection_follows_core():

@@ -105,8 +105,20 @@ def blend_rule(vae, shape: tv.VAEShape, time_cut: bool = True) -> tuple[float, b
 PROBE_SIDES = {True: (16, 32), False: (8, 16)}
 
 
-def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_model, tail_dummy=None):
-    """Shared body of :func:`tiled_vae_decode` / :func:`tiled_vae_encode` (``x`` channel-first).
+class NeedsWholeLengthHead(RuntimeError):
+    """A decode in carried time chunks (:class:`memorykit.tiled_vae.TimeChunks`) got no global head
+    (global_context off, none within the budget, or one that did not fit the tiles): its chunks'
+    mid-block attention would see only the chunk (zoo, HunyuanVideo 0.3.75: 2.34, twice core's
+    error), so the caller cuts time into tiles instead."""
+
+
+def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_model, tail_dummy=None, chunks=None,
+         time_tiles: bool = False):
+    """Shared body of :func:`tiled_vae_decode` / :func:`tiled_vae_encode` (``x`` channel-first;
+    ``chunks``: :class:`memorykit.tiled_vae.TimeChunks` where ``fn`` runs time in chunks that need
+    the whole length's context — the head is then chosen even for one spatial tile, and
+    :class:`NeedsWholeLengthHead` raised without one; ``time_tiles``: cut time into tiles even
+    where :func:`vae_time.time_mode` would not).
 
     Order: validate and plan (errors before any work) → load the VAE through ComfyUI's memory
     manager asking for the memory of ONE tile → tile cost → largest tile within the budget → run.
@@ -117,6 +129,8 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     """
     import comfy.utils
     shape = vae_shape(vae, direction)
+    if time_tiles:
+        shape = dataclasses.replace(shape, time_cache=False)
     dims = tuple(x.shape[2:])
     # Temporal fields only matter where time is cut (video VAEs without a causal cache).
     temporal = (opts.temporal_size, opts.temporal_overlap) if shape.video and not shape.time_cache else (1, 0)
@@ -167,10 +181,12 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     if t * s < opts.tile_px and t < max(grid_hw):
         plan = tv.make_plan(shape, direction, dims, t * s, opts.overlap_px, *args)
     head = tail = None
-    if opts.global_context and plan.num_tiles > 1 and not (shape.video and len(plan.axes[0].starts) > 1):
+    chunked = chunks is not None and x.shape[2] > chunks.frames
+    if opts.global_context and (plan.num_tiles > 1 or chunked) and not (shape.video and len(plan.axes[0].starts) > 1):
         if direction == "decode":
+            once = chunks.whole_fn if chunked else fn  # the head's pass runs the whole length in one forward
             for h in vae_context.decode_heads(vae.first_stage_model):
-                if vae_context.head_bytes(vae, fn, h[0], h[1], plan, probe, probe_sides, len(h) > 3 and h[3]) <= budget:
+                if vae_context.head_bytes(vae, once, h[0], h[1], plan, probe, probe_sides, len(h) > 3 and h[3]) <= budget:
                     head = h
                     break
         else:
@@ -178,6 +194,11 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
                 if vae_context.tail_bytes(vae, c[0], c[1], plan) <= budget:
                     tail = c
                     break
+    if chunked and head is None:
+        raise NeedsWholeLengthHead("global context off" if not opts.global_context else "no global head within the budget")
+    if chunked and norm is not None:  # the statistics pre-pass runs the whole length: shrink it to the budget
+        pre = cost.bytes_for(units(plan)) * (x.shape[2] / chunks.frames if cost.source == "measured" else 1.0)
+        chunks = dataclasses.replace(chunks, stats_share=min(1.0, budget / pre) if pre > 0 else 1.0)
     # Keep the head's output on the GPU while the tiles run when it fits next to a tile (saves a
     # device→host→device round trip of a whole-latent activation); else on the output device.
     head_store = vae.output_device
@@ -187,7 +208,8 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
         store = ch * grid_hw[0] * grid_hw[1] * head[1] ** 2 * frames * mm.dtype_size(vae.vae_dtype)
         if on_gpu and store + cost.bytes_for(units(plan)) <= budget:
             head_store = vae.device
-    pbar = comfy.utils.ProgressBar(tv.steps_for(plan, x.shape[0], bool(norm and norm.available), bool(head), bool(tail)))
+    pbar = comfy.utils.ProgressBar(tv.steps_for(plan, x.shape[0], bool(norm and norm.available), bool(head), bool(tail),
+                                                chunked))
 
     def on_step():
         pbar.update(1)
@@ -201,12 +223,14 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
                            head_stop=bool(head and len(head) > 3 and head[3]),
                            tail_module=tail[0] if tail else None,
                            tail_scale=tail[1] if tail else 1,
-                           tail_dummy=tail_dummy, on_step=on_step, output_device=vae.output_device)
+                           tail_dummy=tail_dummy, chunks=chunks, on_step=on_step, output_device=vae.output_device)
     except GlobalContextMismatch as e:  # the context does not fit the tiles: tile without it (correct, less exact)
+        if chunked:
+            raise NeedsWholeLengthHead(f"{(head or tail)[2]} {e}") from e
         context_off = f"off: {(head or tail)[2]} {e}"
         head = tail = None
-        pbar = comfy.utils.ProgressBar(tv.steps_for(plan, x.shape[0], bool(norm and norm.available)))
-        out = tv.run_tiled(x, fn, plan, norm_stats=norm, on_step=on_step, output_device=vae.output_device)
+        pbar = comfy.utils.ProgressBar(tv.steps_for(plan, x.shape[0], bool(norm and norm.available), chunked=chunked))
+        out = tv.run_tiled(x, fn, plan, norm_stats=norm, chunks=chunks, on_step=on_step, output_device=vae.output_device)
     info = {
         "direction": direction, "vae": type(vae.first_stage_model).__name__,
         "input_shape": list(x.shape), "output_shape": list(out.shape), "items": int(x.shape[0]),
@@ -214,7 +238,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
         "overlap_px": opts.overlap_px,
         "plan": plan.describe(), "tiles_per_item": plan.num_tiles,
         "time": _time_info(vae, direction, shape, plan, opts),
-        "shared_norm_stats": bool(norm and norm.available and plan.num_tiles > 1),
+        "shared_norm_stats": bool(norm and norm.available and (plan.num_tiles > 1 or chunked)),
         "global_context": (head[2] if head else tail[2] if tail else context_off or "off"),
         "global_context_kept_on": str(head_store) if head else None,
         "memory_budget_bytes": int(max(0, budget)), "budget_source": budget_source,
@@ -228,7 +252,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
 def _time_info(vae, direction: str, shape: tv.VAEShape, plan, opts: TiledVAEOptions) -> str:
     if not shape.video:
         return "none"
-    mode = time_mode(vae, direction)
+    mode = time_mode(vae, direction) if shape.time_cache else "tiles"
     if mode == "core":
         return "whole length per tile (causal cache carried by the VAE)"
     if mode == "carry":
@@ -293,15 +317,20 @@ def tiled_vae_decode(vae, samples: torch.Tensor, opts: TiledVAEOptions) -> tuple
     def fn(z):
         return model.decode(z.to(dtype).to(device)).to(out_dev).float()
 
+    chunks = None
     if shape.video and time_mode(vae, "decode") == "carry":
         tv.check_tile_args(opts.tile_px, opts.overlap_px, opts.temporal_size, 0)  # time is not cut: overlap ignored
-        fn = carried_decode(vae, fn, carry_chunk(shape, opts), mm.throw_exception_if_processing_interrupted)
+        fn, chunks = carried_decode(vae, fn, carry_chunk(shape, opts), mm.throw_exception_if_processing_interrupted)
 
     def cost_model(frames, s):
         dims = (1, shape.latent_channels) + ((frames,) if shape.video else ()) + (16, 16)
         return vae.memory_used_decode(dims, dtype) / 256.0
 
-    out, info = _run(vae, "decode", samples, fn, opts, cost_model)
+    try:
+        out, info = _run(vae, "decode", samples, fn, opts, cost_model, chunks=chunks)
+    except NeedsWholeLengthHead as e:
+        out, info = _run(vae, "decode", samples, chunks.whole_fn, opts, cost_model, time_tiles=True)
+        info["time"] += f" (carried chunks need the global head: {e})"
     images = vae.process_output(out).movedim(1, -1)
     if images.ndim == 5:
         images = images.reshape((-1,) + tuple(images.shape[-3:]))
