@@ -205,22 +205,33 @@ class GlobalTail:
         """Context: ``module`` and everything after it run on one latent pixel (statistics pre-pass)."""
         return self._pre_hook(lambda k, x: self._small(x))
 
-    def collecting(self, hs: slice, ws: slice, weights: torch.Tensor):
+    def collecting(self, hs: slice, ws: slice, weights: torch.Tensor, time_cursor: bool = False):
         """Context for one tile at latent rows ``hs`` / columns ``ws``: ``module``'s input is
         added, times ``weights`` (``[h, w]`` float32, latent grid), into the whole map; the rest
-        of the forward continues on one latent pixel's worth of it."""
+        of the forward continues on one latent pixel's worth of it. ``time_cursor``: the tile
+        runs in time chunks (``[B, C, T, H, W]``, a carried cache) and the final pass runs the
+        whole length once: each call's frames go to the next frames of one map (dim 2)."""
         r = self.scale
         hs, ws = slice(hs.start * r, hs.stop * r), slice(ws.start * r, ws.stop * r)
         weights = weights.repeat_interleave(r, 0).repeat_interleave(r, 1)
+        at = [0]
 
         def take(k, x):
             if tuple(x.shape[-2:]) != (hs.stop - hs.start, ws.stop - ws.start):
                 raise RuntimeError(f"global context: input of {type(self.module).__name__} is {tuple(x.shape)}, "
                                    f"expected the tile's latent size {(hs.stop - hs.start, ws.stop - ws.start)}")
             dev = self.store_device or x.device
+            if time_cursor:
+                k, t0 = 0, at[0]
+                at[0] += x.shape[2]
+                if self.maps and self.maps[0].shape[2] < at[0]:  # the first tile's chunks grow the map
+                    grow = torch.zeros(tuple(x.shape[:2]) + (at[0] - self.maps[0].shape[2],) + self.grid_hw,
+                                       dtype=torch.float32, device=dev)
+                    self.maps[0] = torch.cat([self.maps[0], grow], 2)
             while len(self.maps) <= k:
                 self.maps.append(torch.zeros(tuple(x.shape[:-2]) + self.grid_hw, dtype=torch.float32, device=dev))
-            self.maps[k][..., hs, ws].addcmul_(x.to(device=dev, dtype=torch.float32), weights.to(dev))
+            view = self.maps[k][:, :, t0:at[0]] if time_cursor else self.maps[k]
+            view[..., hs, ws].addcmul_(x.to(device=dev, dtype=torch.float32), weights.to(dev))
             return self._small(x)
         return self._pre_hook(take)
 

@@ -115,8 +115,8 @@ def make_plan(vae: VAEShape, direction: str, in_dims: tuple[int, ...], tile_px: 
 class TimeChunks:
     """The tile function runs each tile in time chunks (a carried causal cache,
     :mod:`memorykit.time_carry`) of a model whose global context must still see the whole length
-    (HunyuanVideo's decoder on ComfyUI 0.3.75: a mid-block attention and GroupNorms over all
-    frames).
+    (HunyuanVideo's decoder and encoder on ComfyUI 0.3.75: a mid-block attention and GroupNorms
+    over all frames).
 
     ``whole_fn``: the same function in ONE forward over the whole length (the global-head capture
     and the statistics pre-pass run it); ``module``: the module that runs once per chunk (each of
@@ -190,7 +190,8 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
       ``chunks.whole_fn`` (the whole length in one forward; the pre-pass's probe at
       ``chunks.stats_share`` of a tile's area); in a tile, each chunk's head output is the
       captured output's crop for the tile's region and the chunk's own frames (a time cursor),
-      and each chunk replays the statistics. A one-tile plan longer than one chunk takes this
+      and each chunk replays the statistics; a ``tail_module`` collects each chunk's frames at a
+      time cursor and its final pass runs ``whole_fn``. A one-tile plan longer than one chunk takes this
       path too (its chunks need the whole length's context as well).
     - ``tail_module`` (encode, see :class:`GlobalTail`): tiles only collect that module's
       input; a last run of ``fn(tail_dummy(item))`` computes the output from the whole map.
@@ -261,7 +262,7 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
                 if head:
                     ctx = head.cropping(grid[-2], grid[-1], time_cursor=chunked)
                 elif tail:
-                    ctx = tail.collecting(grid[-2], grid[-1], _spatial_weights(plan, idx))
+                    ctx = tail.collecting(grid[-2], grid[-1], _spatial_weights(plan, idx), time_cursor=chunked)
                 else:
                     ctx = contextlib.nullcontext()
                 xt = xb[(slice(None), slice(None)) + ins]
@@ -273,7 +274,7 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
                 step()
         if tail:
             with tail.finishing():
-                put(b, whole, fn(tail_dummy(xb)), None)
+                put(b, whole, once(tail_dummy(xb)), None)
             del tail
             step()
     return out

@@ -13,7 +13,7 @@ from ..global_context import GlobalContextMismatch
 from ..norm_stats import SharedGroupNormStats
 from . import vae_context
 from .compat import patcher_free_memory
-from .vae_time import carried_decode, time_mode
+from .vae_time import carried_decode, carried_encode, time_mode
 
 
 @dataclass
@@ -70,11 +70,11 @@ def _frame_spanning_groupnorm(vae) -> bool:
 def blend_rule(vae, shape: tv.VAEShape, time_cut: bool = True) -> tuple[float, bool]:
     """(feather, shared GroupNorm statistics allowed) for this VAE — chosen by its structure.
 
-    HunyuanVideo with time uncut (``time_cut`` False: its own causal chunks on 0.33+, or
-    temporal tiles longer than the video): as image VAEs and Wan, feather 0.25 and shared
-    statistics; with the global head/tail that is 0.24 of core's error decoding (0.33.0 zoo:
-    0.287 vs core 1.185; 0.28 vs 1.18 on 0.3.75 with time uncut), encoding 0.36 (0.342 vs
-    0.955); without statistics 0.58 (decode, 0.3.75).
+    HunyuanVideo with time uncut (``time_cut`` False: its own causal chunks on 0.33+, Tiled
+    VAE's carried chunks on 0.3.75, or temporal tiles longer than the video): as image VAEs and
+    Wan, feather 0.25 and shared statistics; with the global head/tail that is 0.24 of core's
+    error decoding (0.33.0 zoo: 0.287 vs core 1.185; 0.282 vs 1.185 on 0.3.75), encoding 0.36
+    (0.342 vs 0.955; 0.299 vs 0.968 on 0.3.75); without statistics 0.58 (decode, 0.3.75).
 
     Video VAEs where time is cut into temporal tiles, and the others (HunyuanVideo 1.5, LTX-Video,
     Mochi, Cosmos: no plain frame-spanning GroupNorm — RMS, pixel and per-frame norms):
@@ -105,11 +105,11 @@ def blend_rule(vae, shape: tv.VAEShape, time_cut: bool = True) -> tuple[float, b
 PROBE_SIDES = {True: (16, 32), False: (8, 16)}
 
 
-class NeedsWholeLengthHead(RuntimeError):
-    """A decode in carried time chunks (:class:`memorykit.tiled_vae.TimeChunks`) got no global head
-    (global_context off, none within the budget, or one that did not fit the tiles): its chunks'
-    mid-block attention would see only the chunk (zoo, HunyuanVideo 0.3.75: 2.34, twice core's
-    error), so the caller cuts time into tiles instead."""
+class NeedsWholeLengthContext(RuntimeError):
+    """A decode/encode in carried time chunks (:class:`memorykit.tiled_vae.TimeChunks`) got no
+    global head/tail (global_context off, none within the budget, or one that did not fit the
+    tiles): its chunks' mid-block attention would see only the chunk (zoo, HunyuanVideo decode on
+    0.3.75: 2.34, twice core's error), so the caller cuts time into tiles instead."""
 
 
 def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_model, tail_dummy=None, chunks=None,
@@ -117,7 +117,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     """Shared body of :func:`tiled_vae_decode` / :func:`tiled_vae_encode` (``x`` channel-first;
     ``chunks``: :class:`memorykit.tiled_vae.TimeChunks` where ``fn`` runs time in chunks that need
     the whole length's context — the head is then chosen even for one spatial tile, and
-    :class:`NeedsWholeLengthHead` raised without one; ``time_tiles``: cut time into tiles even
+    :class:`NeedsWholeLengthContext` raised without one; ``time_tiles``: cut time into tiles even
     where :func:`vae_time.time_mode` would not).
 
     Order: validate and plan (errors before any work) → load the VAE through ComfyUI's memory
@@ -194,8 +194,8 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
                 if vae_context.tail_bytes(vae, c[0], c[1], plan) <= budget:
                     tail = c
                     break
-    if chunked and head is None:
-        raise NeedsWholeLengthHead("global context off" if not opts.global_context else "no global head within the budget")
+    if chunked and head is None and tail is None:
+        raise NeedsWholeLengthContext("global context off" if not opts.global_context else "none within the budget")
     if chunked and norm is not None:  # the statistics pre-pass runs the whole length: shrink it to the budget
         pre = cost.bytes_for(units(plan)) * (x.shape[2] / chunks.frames if cost.source == "measured" else 1.0)
         chunks = dataclasses.replace(chunks, stats_share=min(1.0, budget / pre) if pre > 0 else 1.0)
@@ -226,7 +226,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
                            tail_dummy=tail_dummy, chunks=chunks, on_step=on_step, output_device=vae.output_device)
     except GlobalContextMismatch as e:  # the context does not fit the tiles: tile without it (correct, less exact)
         if chunked:
-            raise NeedsWholeLengthHead(f"{(head or tail)[2]} {e}") from e
+            raise NeedsWholeLengthContext(f"{(head or tail)[2]} {e}") from e
         context_off = f"off: {(head or tail)[2]} {e}"
         head = tail = None
         pbar = comfy.utils.ProgressBar(tv.steps_for(plan, x.shape[0], bool(norm and norm.available), chunked=chunked))
@@ -328,7 +328,7 @@ def tiled_vae_decode(vae, samples: torch.Tensor, opts: TiledVAEOptions) -> tuple
 
     try:
         out, info = _run(vae, "decode", samples, fn, opts, cost_model, chunks=chunks)
-    except NeedsWholeLengthHead as e:
+    except NeedsWholeLengthContext as e:
         out, info = _run(vae, "decode", samples, chunks.whole_fn, opts, cost_model, time_tiles=True)
         info["time"] += f" (carried chunks need the global head: {e})"
     images = vae.process_output(out).movedim(1, -1)
@@ -370,4 +370,14 @@ def tiled_vae_encode(vae, pixels: torch.Tensor, opts: TiledVAEOptions) -> tuple[
         lead = (shape.time_factor * (frames - 1) + 1,) if shape.video else ()
         return vae.memory_used_encode((1, input_channels(vae)) + lead + (16 * s_, 16 * s_), dtype) / 256.0
 
-    return _run(vae, "encode", x, fn, opts, cost_model, tail_dummy=lambda xb: xb[..., :s, :s])
+    dummy = lambda xb: xb[..., :s, :s]  # noqa: E731
+    if not (shape.video and time_mode(vae, "encode") == "carry"):
+        return _run(vae, "encode", x, fn, opts, cost_model, tail_dummy=dummy)
+    tv.check_tile_args(opts.tile_px, opts.overlap_px, opts.temporal_size, 0)  # time is not cut: overlap ignored
+    run, chunks = carried_encode(vae, fn, carry_chunk(shape, opts), mm.throw_exception_if_processing_interrupted)
+    try:
+        return _run(vae, "encode", x, run, opts, cost_model, tail_dummy=dummy, chunks=chunks)
+    except NeedsWholeLengthContext as e:
+        out, info = _run(vae, "encode", x, fn, opts, cost_model, tail_dummy=dummy, time_tiles=True)
+        info["time"] += f" (carried chunks need the global tail: {e})"
+        return out, info

@@ -13,16 +13,17 @@ Three ways, in order of preference (``time_mode``):
   - Mochi's decoder — causal ``PConv3d`` (replicate padding) and ``DepthToSpaceTime``
     upsamplers, every other layer frame-local (per-frame GroupNorm, 1×1 convs); no attention:
     exact as it is.
-  - HunyuanVideo's decoder on 0.3.75 (one forward over the whole length in core) — causal
-    ``VideoConv3d`` and time-doubling ``Upsample``; its mid-block attention and its GroupNorms
-    span all frames, so the chunks are exact given the whole length's global head (captured in
-    one forward, each chunk gets its own frames of it) and GroupNorm statistics (recorded in one
-    forward, replayed in every chunk): :class:`memorykit.tiled_vae.TimeChunks`. Zoo (0.3.75):
-    0.24 of core's tiled error, as with time uncut; independent temporal tiles were 0.95.
+  - HunyuanVideo's decoder and encoder on 0.3.75 (one forward over the whole length in core) —
+    causal ``VideoConv3d``, time-doubling ``Upsample``, time-strided ``Downsample``; their
+    mid-block attention and GroupNorms span all frames, so the chunks are exact given the whole
+    length's global head (captured in one forward, each chunk gets its own frames of it) or
+    global tail (each chunk's frames collected into one map, the final pass runs the whole
+    length) and GroupNorm statistics (recorded in one forward, replayed in every chunk):
+    :class:`memorykit.tiled_vae.TimeChunks`. Zoo (0.3.75): decode 0.24 of core's tiled error,
+    encode 0.31, as with time uncut; independent temporal tiles were 0.95 and 0.99.
 - ``"tiles"``: independent temporal tiles, blended (everything else: layers that see all
   frames and no whole-length context to stand in for them — Mochi's encoder attends over time;
-  on 0.3.75 LTX-Video's decoder convolves non-causally; HunyuanVideo's encoder, see
-  ``docs/tiled-vae.md``).
+  on 0.3.75 LTX-Video's decoder convolves non-causally).
 """
 from __future__ import annotations
 
@@ -85,16 +86,6 @@ def hunyuan_decoder_links(decoder) -> list[Link] | None:
     if any(len(up.attn) for up in decoder.up):
         return None
 
-    def conv_context(m) -> int | None:  # frames a VideoConv3d reads before each frame; None: not causal/plain
-        conv = m.conv
-        kt, st, dt = conv.kernel_size[0], conv.stride[0], conv.dilation[0]
-        if kt == 1:
-            return 0
-        pad = m.padding
-        if st != 1 or dt != 1 or pad == 0 or tuple(pad[4:]) != (kt - 1, 0) or tuple(conv.padding)[0] != 0:
-            return None
-        return kt - 1
-
     links, inner = [], set()
     for m in decoder.modules():
         if isinstance(m, sdm.Upsample):
@@ -107,18 +98,67 @@ def hunyuan_decoder_links(decoder) -> list[Link] | None:
             if m.with_conv:
                 if not isinstance(m.conv, sdm.VideoConv3d):
                     return None
-                c = conv_context(m.conv)
+                c = _conv_context(m.conv)
                 if c is None:
                     return None
                 inner.add(m.conv)
             links.append(Link(m, 1 + (c + 1) // 2, 2, 1))
         elif isinstance(m, sdm.VideoConv3d) and m not in inner:
-            c = conv_context(m)
+            c = _conv_context(m)
             if c is None:
                 return None
             if c > 0:
                 links.append(Link(m, c))
     return links
+
+
+def hunyuan_encoder_links(encoder) -> list[Link] | None:
+    """:class:`Link` list for HunyuanVideo's encoder as 0.3.75 builds it (as
+    :func:`hunyuan_decoder_links`): every causal ``VideoConv3d`` with a time kernel > 1 (context
+    ``kt − 1``) and every ``Downsample`` (its forward pads 2 frames before, replicate, then its
+    3×3×3 conv): time stride 1 → context 2; time stride 2 → context 1 (its first output, which
+    reads the padding, cut; exact with chunks of ``1 + k·(m − 1)`` then ``k·m`` frames,
+    :func:`carried_encode`, which keep every boundary on the stride's grid). Its
+    mid-block attention and GroupNorms span all frames: exact with the global tail (before the
+    last downsampler or the middle block: the final pass runs the whole length) and the whole
+    length's statistics. None for anything else (attention before the mid block, other kernels
+    or strides)."""
+    from comfy.ldm.modules.diffusionmodules import model as sdm
+    if type(encoder) is not sdm.Encoder or getattr(encoder, "carried", False) or not isinstance(encoder.conv_in, sdm.VideoConv3d):
+        return None
+    if any(len(d.attn) for d in encoder.down):
+        return None
+    links, inner = [], set()
+    for m in encoder.modules():
+        if isinstance(m, sdm.Downsample):
+            conv = getattr(m, "conv", None)
+            if not m.with_conv or not isinstance(conv, sdm.VideoConv3d) or conv.padding != 0:
+                return None
+            kt, st = conv.conv.kernel_size[0], conv.conv.stride[0]
+            if kt != 3 or st not in (1, 2) or conv.conv.dilation[0] != 1 or tuple(conv.conv.padding)[0] != 0:
+                return None
+            inner.add(conv)
+            links.append(Link(m, 2) if st == 1 else Link(m, 1))  # stride 2: see Link
+        elif isinstance(m, sdm.VideoConv3d) and m not in inner:
+            c = _conv_context(m)
+            if c is None:
+                return None
+            if c > 0:
+                links.append(Link(m, c))
+    return links
+
+
+def _conv_context(m) -> int | None:
+    """Frames a causal ``VideoConv3d`` reads before each frame (``kt − 1``; 0 for ``kt`` = 1);
+    None where it is not causal with time stride and dilation 1."""
+    conv = m.conv
+    kt, st, dt = conv.kernel_size[0], conv.stride[0], conv.dilation[0]
+    if kt == 1:
+        return 0
+    pad = m.padding
+    if st != 1 or dt != 1 or pad == 0 or tuple(pad[4:]) != (kt - 1, 0) or tuple(conv.padding)[0] != 0:
+        return None
+    return kt - 1
 
 
 def time_mode(vae, direction: str) -> str:
@@ -131,6 +171,8 @@ def time_mode(vae, direction: str) -> str:
     if core_carries_time(coder):
         return "core"
     if direction == "decode" and (mochi_decoder_links(coder) or hunyuan_decoder_links(coder)):
+        return "carry"
+    if direction == "encode" and hunyuan_encoder_links(coder):
         return "carry"
     return "tiles"
 
@@ -156,3 +198,20 @@ def carried_decode(vae, fn, chunk_frames: int, on_chunk=None) -> tuple:
     def run(z: torch.Tensor) -> torch.Tensor:
         return carry.run(fn, z, chunk, on_chunk)
     return run, chunks
+
+
+def carried_encode(vae, fn, chunk_latents: int, on_chunk=None) -> tuple:
+    """``fn`` (pixels ``[1, C, F, H, W]`` → latent) wrapped to encode ``chunk_latents`` latent
+    frames' worth at a time (``1 + k·(m − 1)`` frames, then ``k·m``; ``k`` the time compression)
+    with the carried cache of :func:`hunyuan_encoder_links`. Returns ``(run, chunks)`` as
+    :func:`carried_decode` (the global tail's final pass and the statistics pre-pass run the
+    whole length once)."""
+    from ..tiled_vae import TimeChunks
+    enc = vae.first_stage_model.encoder
+    k, m = int(vae.temporal_compression_decode() or 1), max(1, int(chunk_latents))
+    first, chunk = 1 + k * (m - 1), k * m
+    carry = TimeCarry(hunyuan_encoder_links(enc))
+
+    def run(px: torch.Tensor) -> torch.Tensor:
+        return carry.run(fn, px, chunk, on_chunk, first=first)
+    return run, TimeChunks(fn, enc, first)
