@@ -123,10 +123,20 @@ class GlobalHead:
             return g.reshape(tuple(lead) + hw).to(device=out.device, dtype=out.dtype)
         return self._hook(give)
 
-    def cropping(self, hs: slice, ws: slice):
-        """Context: ``module`` returns the captured output's crop ``[..., hs, ws]`` (one tile)."""
+    def cropping(self, hs: slice, ws: slice, time_cursor: bool = False):
+        """Context: ``module`` returns the captured output's crop ``[..., hs, ws]`` (one tile).
+
+        ``time_cursor``: the tile runs in time chunks (``[B, C, T, H, W]``, a carried cache,
+        :mod:`memorykit.time_carry`) while the capture ran the whole length in one forward (a
+        head whose layers see all frames, e.g. a mid-block attention over time): each call takes
+        the next ``T`` frames (``T`` = the frames the module returns in that chunk, consecutive
+        with the carry) of the one captured output. Raises :class:`GlobalContextMismatch` when
+        more than one output was captured, the chunks ask for more frames than it has, or the
+        tile ends with frames left over."""
         r = self.scale
         hs, ws = slice(hs.start * r, hs.stop * r), slice(ws.start * r, ws.stop * r)
+        if time_cursor:
+            return self._cursor(hs, ws)
 
         def give(k, out):
             if k >= len(self.outputs):
@@ -138,6 +148,27 @@ class GlobalHead:
             return _crop(self.outputs[k], hs, ws).to(device=out.device, dtype=out.dtype)
         return self._hook(give)
 
+
+    @contextlib.contextmanager
+    def _cursor(self, hs: slice, ws: slice):
+        name = type(self.module).__name__
+        if len(self.outputs) != 1 or self.outputs[0].ndim != 5:
+            raise GlobalContextMismatch(f"{name}: a time cursor needs one captured [B, C, T, H, W] output, got "
+                                        f"{[tuple(o.shape) for o in self.outputs]}")
+        g, at = self.outputs[0], [0]
+
+        def give(k, out):
+            n = out.shape[2]
+            if out.ndim != 5 or tuple(out.shape[:2]) != tuple(g.shape[:2]) or at[0] + n > g.shape[2]:
+                raise GlobalContextMismatch(f"{name} returned {tuple(out.shape)} in chunk {k + 1} of a tile (frames "
+                                            f"{at[0]}..{at[0] + n}); the whole input gave {tuple(g.shape)}")
+            y = g[:, :, at[0]:at[0] + n, hs, ws]
+            at[0] += n
+            return y.to(device=out.device, dtype=out.dtype)
+        with self._hook(give):
+            yield self
+        if at[0] != g.shape[2]:
+            raise GlobalContextMismatch(f"{name}: a tile's chunks used {at[0]} of the {g.shape[2]} frames captured")
 
 class GlobalTail:
     """Input of ``module`` (last two dims = latent height/width) assembled from tiles, then the
@@ -174,22 +205,33 @@ class GlobalTail:
         """Context: ``module`` and everything after it run on one latent pixel (statistics pre-pass)."""
         return self._pre_hook(lambda k, x: self._small(x))
 
-    def collecting(self, hs: slice, ws: slice, weights: torch.Tensor):
+    def collecting(self, hs: slice, ws: slice, weights: torch.Tensor, time_cursor: bool = False):
         """Context for one tile at latent rows ``hs`` / columns ``ws``: ``module``'s input is
         added, times ``weights`` (``[h, w]`` float32, latent grid), into the whole map; the rest
-        of the forward continues on one latent pixel's worth of it."""
+        of the forward continues on one latent pixel's worth of it. ``time_cursor``: the tile
+        runs in time chunks (``[B, C, T, H, W]``, a carried cache) and the final pass runs the
+        whole length once: each call's frames go to the next frames of one map (dim 2)."""
         r = self.scale
         hs, ws = slice(hs.start * r, hs.stop * r), slice(ws.start * r, ws.stop * r)
         weights = weights.repeat_interleave(r, 0).repeat_interleave(r, 1)
+        at = [0]
 
         def take(k, x):
             if tuple(x.shape[-2:]) != (hs.stop - hs.start, ws.stop - ws.start):
                 raise RuntimeError(f"global context: input of {type(self.module).__name__} is {tuple(x.shape)}, "
                                    f"expected the tile's latent size {(hs.stop - hs.start, ws.stop - ws.start)}")
             dev = self.store_device or x.device
+            if time_cursor:
+                k, t0 = 0, at[0]
+                at[0] += x.shape[2]
+                if self.maps and self.maps[0].shape[2] < at[0]:  # the first tile's chunks grow the map
+                    grow = torch.zeros(tuple(x.shape[:2]) + (at[0] - self.maps[0].shape[2],) + self.grid_hw,
+                                       dtype=torch.float32, device=dev)
+                    self.maps[0] = torch.cat([self.maps[0], grow], 2)
             while len(self.maps) <= k:
                 self.maps.append(torch.zeros(tuple(x.shape[:-2]) + self.grid_hw, dtype=torch.float32, device=dev))
-            self.maps[k][..., hs, ws].addcmul_(x.to(device=dev, dtype=torch.float32), weights.to(dev))
+            view = self.maps[k][:, :, t0:at[0]] if time_cursor else self.maps[k]
+            view[..., hs, ws].addcmul_(x.to(device=dev, dtype=torch.float32), weights.to(dev))
             return self._small(x)
         return self._pre_hook(take)
 

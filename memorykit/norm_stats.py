@@ -64,9 +64,15 @@ class SharedGroupNormStats:
                 h.remove()
 
     @contextlib.contextmanager
-    def replaying(self):
-        """Within the block, every GroupNorm normalises with the recorded statistics."""
+    def replaying(self, restart_on: nn.Module | None = None):
+        """Within the block, every GroupNorm normalises with the recorded statistics.
+
+        ``restart_on``: a module whose every forward starts a new replayed forward
+        (:meth:`begin_forward`) — a decoder run in time chunks (:mod:`memorykit.time_carry`) whose
+        statistics were recorded on the whole length in one forward: every chunk replays them."""
         handles = [m.register_forward_hook(partial(self._replay, i)) for i, m in enumerate(self.norms)]
+        if restart_on is not None:
+            handles.append(restart_on.register_forward_pre_hook(lambda m, args: self.begin_forward()))
         self.begin_forward()
         try:
             yield self

@@ -111,12 +111,34 @@ def make_plan(vae: VAEShape, direction: str, in_dims: tuple[int, ...], tile_px: 
     return plan_tiles(grid, tiles, overlaps, amaps, feather)
 
 
-def _stats_probe(x: torch.Tensor, plan: TilePlan) -> tuple[torch.Tensor, tuple[int, int]]:
+@dataclass(frozen=True)
+class TimeChunks:
+    """The tile function runs each tile in time chunks (a carried causal cache,
+    :mod:`memorykit.time_carry`) of a model whose global context must still see the whole length
+    (HunyuanVideo's decoder and encoder on ComfyUI 0.3.75: a mid-block attention and GroupNorms
+    over all frames).
+
+    ``whole_fn``: the same function in ONE forward over the whole length (the global-head capture
+    and the statistics pre-pass run it); ``module``: the module that runs once per chunk (each of
+    its forwards replays the whole length's GroupNorm statistics); ``frames``: input frames per
+    chunk (dim 2); ``stats_share``: share (≤ 1) of one tile's area the statistics pre-pass
+    runs at — it runs the whole length, not one chunk, so the caller lowers it where one tile's
+    area over the whole length would not fit its memory budget (:func:`_stats_probe`; zoo,
+    HunyuanVideo 0.3.75: 0.24 of core's error at 1, 0.35 at 2/3)."""
+
+    whole_fn: Callable[[torch.Tensor], torch.Tensor]
+    module: nn.Module
+    frames: int
+    stats_share: float = 1.0
+
+
+def _stats_probe(x: torch.Tensor, plan: TilePlan, area_share: float = 1.0) -> tuple[torch.Tensor, tuple[int, int]]:
     """Input of the statistics pre-pass and its latent (height, width): ``x`` (one sample)
     restricted to the first tile on a time axis and downsampled so that its larger spatial
-    side spans one tile."""
+    side spans one tile — times ``sqrt(area_share)`` (≤ 1; :class:`TimeChunks`)."""
     spatial = range(len(plan.axes) - 2, len(plan.axes))
     f = min(1.0, max(plan.axes[d].length for d in spatial) / max(plan.axes[d].size for d in spatial))
+    f *= min(1.0, max(0.0, area_share)) ** 0.5
     size, grid_hw, index = [], [], [slice(None), slice(None)]
     for d, a in enumerate(plan.axes):
         if d in spatial:
@@ -147,6 +169,7 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
               norm_stats: SharedGroupNormStats | None = None, head_module: nn.Module | None = None, head_scale: int = 1,
               head_store_device=None, head_stop: bool = False,
               tail_module: nn.Module | None = None, tail_scale: int = 1, tail_dummy: Callable[[torch.Tensor], torch.Tensor] | None = None,
+              chunks: TimeChunks | None = None,
               on_step: Callable[[], None] | None = None, output_device=None) -> torch.Tensor:
     """Apply ``fn`` tile by tile and blend: one pass, each tile run once.
 
@@ -163,13 +186,20 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
     - ``norm_stats``: a statistics pre-pass on a downsampled copy (see ``norm_stats.py``);
       every tile then normalises with those statistics.
     - the tiles, blended with the plan's weights;
+    - ``chunks`` (see :class:`TimeChunks`): the head capture and the statistics pre-pass run
+      ``chunks.whole_fn`` (the whole length in one forward; the pre-pass's probe at
+      ``chunks.stats_share`` of a tile's area); in a tile, each chunk's head output is the
+      captured output's crop for the tile's region and the chunk's own frames (a time cursor),
+      and each chunk replays the statistics; a ``tail_module`` collects each chunk's frames at a
+      time cursor and its final pass runs ``whole_fn``. A one-tile plan longer than one chunk takes this
+      path too (its chunks need the whole length's context as well).
     - ``tail_module`` (encode, see :class:`GlobalTail`): tiles only collect that module's
       input; a last run of ``fn(tail_dummy(item))`` computes the output from the whole map.
 
     ``on_step`` runs after every pass (progress, interruption: an exception there aborts,
     hooks are removed). Returns ``[B, C_out, *plan.out_shape]`` float32 on ``output_device``
-    (default ``x.device``). A one-tile plan returns ``fn``'s output (as float32): bit-exact
-    with untiled. Raises RuntimeError when ``fn`` returns a tile of the wrong size.
+    (default ``x.device``). A one-tile plan (within one chunk) returns ``fn``'s output (as
+    float32): bit-exact with untiled. Raises RuntimeError when ``fn`` returns a tile of the wrong size.
     """
     nd = len(plan.axes)
     if x.ndim != nd + 2:
@@ -179,6 +209,8 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
         raise ValueError(f"input dims {tuple(x.shape[2:])} are smaller than the plan needs {need}")
     if (head_module is not None or tail_module is not None) and nd == 3 and len(plan.axes[0].starts) > 1:
         raise ValueError("global context needs the whole time axis in every tile")
+    if chunks is not None and (nd != 3 or len(plan.axes[0].starts) > 1):
+        raise ValueError("time chunks need a video plan with the whole time axis in every tile")
     x = x[(slice(None), slice(None)) + tuple(slice(0, n) for n in need)]
     output_device = x.device if output_device is None else torch.device(output_device)
     use_stats = norm_stats is not None and norm_stats.available
@@ -200,9 +232,11 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
             view.addcmul_(y, w.to(output_device))
 
     whole = tuple(slice(0, n) for n in plan.out_shape)
+    chunked = chunks is not None and x.shape[2] > chunks.frames
+    once = chunks.whole_fn if chunked else fn  # the head capture and the statistics pre-pass
     for b in range(x.shape[0]):
         xb = x[b:b + 1]
-        if plan.num_tiles == 1:
+        if plan.num_tiles == 1 and not chunked:
             put(b, whole, fn(xb), None)
             step()
             continue
@@ -210,25 +244,25 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
         if head_module is not None:
             head = GlobalHead(head_module, store_device=head_store_device or output_device, scale=head_scale,
                               stop=head_stop)
-            head.capture(lambda xb=xb: fn(xb), plan.grid_shape[-2:])
+            head.capture(lambda xb=xb: once(xb), plan.grid_shape[-2:])
             step()
         if tail_module is not None:
             tail = GlobalTail(tail_module, plan.grid_shape[-2:], store_device=output_device, scale=tail_scale)
         if use_stats:
-            probe, probe_hw = _stats_probe(xb, plan)
+            probe, probe_hw = _stats_probe(xb, plan, chunks.stats_share if chunked else 1.0)
             ctx = head.resized(probe_hw) if head else tail.skipping() if tail else contextlib.nullcontext()
             with norm_stats.recording(), ctx:
-                fn(_first_unit(probe) if head and not head_stop else probe)
+                once(_first_unit(probe) if head and not head_stop else probe)
             del probe
             step()
-        with (norm_stats.replaying() if use_stats else contextlib.nullcontext()):
+        with (norm_stats.replaying(chunks.module if chunked else None) if use_stats else contextlib.nullcontext()):
             for idx, grid, ins, outs in plan.tiles():
                 if use_stats:
                     norm_stats.begin_forward()
                 if head:
-                    ctx = head.cropping(grid[-2], grid[-1])
+                    ctx = head.cropping(grid[-2], grid[-1], time_cursor=chunked)
                 elif tail:
-                    ctx = tail.collecting(grid[-2], grid[-1], _spatial_weights(plan, idx))
+                    ctx = tail.collecting(grid[-2], grid[-1], _spatial_weights(plan, idx), time_cursor=chunked)
                 else:
                     ctx = contextlib.nullcontext()
                 xt = xb[(slice(None), slice(None)) + ins]
@@ -240,15 +274,17 @@ def run_tiled(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], plan:
                 step()
         if tail:
             with tail.finishing():
-                put(b, whole, fn(tail_dummy(xb)), None)
+                put(b, whole, once(tail_dummy(xb)), None)
             del tail
             step()
     return out
 
 
-def steps_for(plan: TilePlan, batch: int, shared_stats: bool, head: bool = False, tail: bool = False) -> int:
-    """Number of ``on_step`` calls :func:`run_tiled` makes (for a progress bar)."""
-    if plan.num_tiles == 1:
+def steps_for(plan: TilePlan, batch: int, shared_stats: bool, head: bool = False, tail: bool = False,
+              chunked: bool = False) -> int:
+    """Number of ``on_step`` calls :func:`run_tiled` makes (for a progress bar); ``chunked``: its
+    ``chunks`` are given and the input is longer than one chunk."""
+    if plan.num_tiles == 1 and not chunked:
         return batch
     return batch * (plan.num_tiles + int(shared_stats) + int(head) + int(tail))
 

@@ -41,7 +41,11 @@ class Link:
     causal conv of time stride 1). ``expansion``: output frames per input frame (1 for a conv,
     ``k`` for a ×k time upsampler). ``first_drop``: output frames the module drops at the
     start of its input (``k − 1`` for a depth-to-space upsampler that keeps only the last of
-    the first frame's ``k``; 0 for a conv)."""
+    the first frame's ``k``; 0 for a conv). A causal conv of time stride 2 and kernel 3 padded
+    2 frames before (HunyuanVideo's ``Downsample``) is context 1: its first output reads the
+    padding and the prepended frame and is cut, the next ones are the whole input's — where
+    every chunk boundary of its input minus 1 is even (the caller's chunk sizes, see
+    :meth:`TimeCarry.run` ``first``)."""
 
     module: nn.Module
     context: int
@@ -86,24 +90,29 @@ class TimeCarry:
         return out[:, :, lk.expansion * n - lk.first_drop:]
 
     def run(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, chunk: int,
-            on_chunk: Callable[[], None] | None = None) -> torch.Tensor:
+            on_chunk: Callable[[], None] | None = None, first: int | None = None) -> torch.Tensor:
         """``fn(x)`` computed ``chunk`` frames of dim 2 at a time, outputs concatenated on dim 2.
 
-        ``chunk`` ≥ 1 (latent frames). With one chunk ``fn(x)`` runs unhooked (bit-exact).
-        ``on_chunk`` runs after each chunk (an exception there aborts; hooks are removed)."""
-        if chunk < 1:
-            raise ValueError(f"time chunk must be at least 1 frame, got {chunk}")
-        if x.shape[2] <= chunk:
+        ``chunk`` ≥ 1 (frames of dim 2); ``first``: frames of the first chunk when not ``chunk``
+        (an encoder of causal time compression k: ``1 + k·(m − 1)`` frames, then ``k·m``). With
+        one chunk ``fn(x)`` runs unhooked (bit-exact). ``on_chunk`` runs after each chunk (an
+        exception there aborts; hooks are removed)."""
+        first = chunk if first is None else first
+        if chunk < 1 or first < 1:
+            raise ValueError(f"time chunk must be at least 1 frame, got {chunk} (first {first})")
+        if x.shape[2] <= first:
             return fn(x)
         handles = []
         self._first, self._cache, self._added = True, [None] * len(self.links), [0] * len(self.links)
         try:
             for i, lk in enumerate(self.links):
                 handles.append(lk.module.register_forward_pre_hook(lambda m, a, i=i: self._pre(i, m, a)))
-                handles.append(lk.module.register_forward_hook(lambda m, a, o, i=i: self._post(i, m, a, o)))
+                # prepend: the cut runs before any other hook on the module (a global head's
+                # replacement then gets, and gives, the chunk's own frames)
+                handles.append(lk.module.register_forward_hook(lambda m, a, o, i=i: self._post(i, m, a, o), prepend=True))
             outs = []
-            for s in range(0, x.shape[2], chunk):
-                outs.append(fn(x[:, :, s:s + chunk]))
+            for s, e in zip([0] + list(range(first, x.shape[2], chunk)), range(first, x.shape[2] + chunk, chunk)):
+                outs.append(fn(x[:, :, s:e]))
                 self._first = False
                 if on_chunk is not None:
                     on_chunk()

@@ -23,9 +23,10 @@ def _tiling_inputs() -> list:
                      tooltip="Video VAEs only: frames per temporal tile (not used, nor checked, for image VAEs). "
                              "Ignored where the VAE itself runs time in causal "
                              "chunks with a carried cache (Wan 2.1/2.2, HunyuanVideo 1.5; HunyuanVideo and LTX on "
-                             "ComfyUI 0.33+): time is never cut and stays exact. Mochi decode: time is never cut "
-                             "either, each tile decodes chunks of this many frames with the cache carried by "
-                             "this node (exact)."),
+                             "ComfyUI 0.33+): time is never cut and stays exact. Mochi decode, and HunyuanVideo on "
+                             "ComfyUI 0.3.75: time is never cut either, each tile runs chunks of this many frames "
+                             "with the cache carried by this node (HunyuanVideo: with the global context and "
+                             "statistics taken on the whole length; without global_context it cuts time)."),
         io.Int.Input("temporal_overlap", default=8, min=0, max=4096, step=1,
                      tooltip="Video VAEs only: frames shared by neighbouring temporal tiles (smaller than "
                              "temporal_size). Ignored where time is never cut (see temporal_size)."),

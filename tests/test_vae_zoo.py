@@ -29,6 +29,10 @@ CHUNK = 2                   # latent frames per temporal tile / carried chunk (t
 BOUNDS = {("wan21", "decode"): 0.25, ("wan22", "decode"): 0.25, ("wan22", "encode"): 0.25, ("hunyuan_video", "decode"): 0.25, ("hunyuan_video", "encode"): 0.4,
           ("hunyuan_video15", "decode"): 0.25, ("hunyuan_video15", "encode"): 0.25, ("ltxv", "decode"): 0.25,
           ("ltxv", "encode"): 0.25, ("mochi", "decode"): 0.45}
+# Video VAEs whose time is never cut, on every core (a causal time cache carried by the VAE or by
+# Tiled VAE: HunyuanVideo on 0.3.75 and Mochi's decoder by ``vae_time``'s carry), so BOUNDS applies.
+WHOLE_LENGTH = {(n, d) for n in ("wan21", "wan21_rgba", "wan22", "hunyuan_video", "hunyuan_video15")
+                for d in ("decode", "encode")} | {("mochi", "decode")}
 
 
 def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -168,7 +172,10 @@ def test_encode(zoo_vae, ci):
 
 
 def _check_bound(name: str, direction: str, info: dict, e_ours: float, e_core: float) -> None:
-    """Where time is not cut (or the VAE has no time), ours ≤ BOUNDS × core's error."""
+    """Where time is not cut (or the VAE has no time), ours ≤ BOUNDS × core's error; time is not
+    cut for :data:`WHOLE_LENGTH`."""
+    if (name, direction) in WHOLE_LENGTH:
+        assert "whole length" in str(info.get("time")), f"{name} {direction}: time {info.get('time')}"
     bound = BOUNDS.get((name, direction))
     if bound is not None and "whole length" in str(info.get("time")):
         assert e_ours <= bound * e_core, f"{name} {direction}: ours {e_ours:.4f} > {bound} × core {e_core:.4f}"
@@ -246,6 +253,112 @@ def test_carried_time_cache_is_exact_and_leaves_no_hook(ci):
     with torch.inference_mode():
         out, info = ci.tiled_vae_decode(vae, z, opts)
     assert "chunks of" in info["time"] and torch.isfinite(out).all()
+
+
+def test_hunyuan_carried_chunks_with_whole_length_context_are_exact_and_leave_no_hook(ci):
+    """0.3.75's HunyuanVideo decoder (one forward over the whole length in core) run in chunks of
+    1 and 2 latent frames with the carried cache, the global head captured on the whole length in
+    one forward (each chunk gets its own frames of it) and the whole length's GroupNorm statistics
+    replayed in every chunk equals the whole decode (float rounding), with the head at the first
+    upsampler or at the mid block; without the head (the mid-block attention then sees one chunk)
+    or without the statistics it does not. An interrupt in the middle leaves no hook behind, and
+    without a global head the node cuts time into tiles instead. On 0.33 core carries time itself:
+    "core" mode, no links (0.33's figures unchanged)."""
+    from comfyui_memorykit.memorykit import tiled_vae as tv
+    from comfyui_memorykit.memorykit.comfy_integration import vae_time
+    from comfyui_memorykit.memorykit.comfy_integration.compat import core_carries_time
+    from comfyui_memorykit.memorykit.norm_stats import SharedGroupNormStats
+    from comfyui_memorykit.memorykit.time_carry import TimeCarry
+    vae = vae_zoo.build("hunyuan_video")
+    dec = vae.first_stage_model.decoder
+    links = vae_time.hunyuan_decoder_links(dec)
+    if core_carries_time(dec):
+        assert links is None and vae_time.time_mode(vae, "decode") == "core"
+        return
+    assert links and vae_time.time_mode(vae, "decode") == "carry"
+    z = _latent(vae, True, 4)[:, :, :, :4, :4].repeat(1, 1, 2, 1, 1)[:, :, :5]
+    shape = ci.tiled_vae_io.vae_shape(vae, "decode")
+    plan = tv.make_plan(shape, "decode", tuple(z.shape[2:]), 4096, 0)  # one tile: the whole latent
+    heads = {"up": (dec.up[len(dec.up) - 1].upsample, 2), "mid": (dec.mid.block_2, 1)}
+
+    def chunked(chunk, head="up", stats=True, on_chunk=None):
+        carry = TimeCarry(links)
+        mod, scale = heads[head] if head else (None, 1)
+        return tv.run_tiled(z, lambda x: carry.run(dec, x, chunk, on_chunk), plan,
+                            norm_stats=SharedGroupNormStats(dec) if stats else None, head_module=mod, head_scale=scale,
+                            chunks=tv.TimeChunks(dec, dec, chunk))
+    with torch.inference_mode():
+        ref = dec(z)
+        for chunk in (1, 2):
+            for head in heads:
+                out = chunked(chunk, head)
+                assert out.shape == ref.shape and rel_err(out, ref) < 1e-5, (chunk, head, rel_err(out, ref))
+        assert rel_err(chunked(2, head=None), ref) > 1e-2  # the mid-block attention over time
+        assert rel_err(chunked(2, stats=False), ref) > 1e-2  # the GroupNorms over time
+        before = _hooks(dec)
+
+        def stop():
+            raise KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt):
+            chunked(2, on_chunk=stop)
+    assert _hooks(dec) == before == 0
+    opts = ci.TiledVAEOptions(tile_px=16, overlap_px=8, temporal_size=4, temporal_overlap=0, global_context=False)
+    with torch.inference_mode():
+        out, info = ci.tiled_vae_decode(vae, z, opts)
+    assert info["time"].startswith("tiles of") and "need the global head" in info["time"] and torch.isfinite(out).all()
+
+
+def test_hunyuan_carried_encode_with_whole_length_tail_is_exact_and_leaves_no_hook(ci):
+    """0.3.75's HunyuanVideo encoder run in carried chunks of 1 and 2 latent frames (1 + 4(m − 1)
+    frames, then 4m: its time-strided downsamplers stay on the whole input's grid), the global
+    tail collecting each chunk's frames into one whole-length map (its final pass, with the
+    mid-block attention, runs once) and the whole length's GroupNorm statistics replayed in every
+    chunk equals the whole encode (float rounding), at either tail; without the tail or the
+    statistics it does not; an interrupt leaves no hook. On 0.33 core carries time itself."""
+    from comfyui_memorykit.memorykit import tiled_vae as tv
+    from comfyui_memorykit.memorykit.comfy_integration import vae_time
+    from comfyui_memorykit.memorykit.comfy_integration.compat import core_carries_time
+    from comfyui_memorykit.memorykit.norm_stats import SharedGroupNormStats
+    from comfyui_memorykit.memorykit.time_carry import TimeCarry
+    vae = vae_zoo.build("hunyuan_video")
+    enc = vae.first_stage_model.encoder
+    links = vae_time.hunyuan_encoder_links(enc)
+    if core_carries_time(enc):
+        assert links is None and vae_time.time_mode(vae, "encode") == "core"
+        return
+    assert links and vae_time.time_mode(vae, "encode") == "carry"
+    px = _pixels(vae, True, 8, 4, 5)[:, :32, :32].movedim(-1, 0).unsqueeze(0) * 2 - 1  # [1, 3, 9, 32, 32]
+    shape = ci.tiled_vae_io.vae_shape(vae, "encode")
+    plan = tv.make_plan(shape, "encode", tuple(px.shape[2:]), 4096, 0)
+    top = enc.num_resolutions - 1
+    tails = {"down": (enc.down[top - 1].downsample, 2), "block": (enc.down[top].block[0], 1)}
+
+    def chunked(m, tail="down", stats=True, on_chunk=None):
+        carry = TimeCarry(links)
+        mod, scale = tails[tail] if tail else (None, 1)
+        first = 1 + 4 * (m - 1)
+        return tv.run_tiled(px, lambda x: carry.run(enc, x, 4 * m, on_chunk, first=first), plan,
+                            norm_stats=SharedGroupNormStats(enc) if stats else None, tail_module=mod, tail_scale=scale,
+                            tail_dummy=lambda x: x[..., :8, :8], chunks=tv.TimeChunks(enc, enc, first))
+    with torch.inference_mode():
+        ref = enc(px)
+        for m in (1, 2):
+            for tail in tails:
+                out = chunked(m, tail)
+                assert out.shape == ref.shape and rel_err(out, ref) < 1e-5, (m, tail, rel_err(out, ref))
+        assert rel_err(chunked(2, tail=None), ref) > 1e-4  # the mid-block attention over time (0.0016)
+        assert rel_err(chunked(2, stats=False), ref) > 1e-2  # the GroupNorms over time
+        before = _hooks(enc)
+
+        def stop():
+            raise KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt):
+            chunked(2, on_chunk=stop)
+    assert _hooks(enc) == before == 0
+    opts = ci.TiledVAEOptions(tile_px=16, overlap_px=8, temporal_size=4, temporal_overlap=0, global_context=False)
+    with torch.inference_mode():
+        out, info = ci.tiled_vae_encode(vae, px[0].movedim(0, -1) * 0.5 + 0.5, opts)
+    assert info["time"].startswith("tiles of") and "need the global tail" in info["time"] and torch.isfinite(out).all()
 
 
 def test_core_time_carry_detection_follows_core():

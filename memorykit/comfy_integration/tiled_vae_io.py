@@ -13,7 +13,7 @@ from ..global_context import GlobalContextMismatch
 from ..norm_stats import SharedGroupNormStats
 from . import vae_context
 from .compat import patcher_free_memory
-from .vae_time import carried_decode, time_mode
+from .vae_time import carried_decode, carried_encode, time_mode
 
 
 @dataclass
@@ -74,10 +74,11 @@ def blend_rule(vae, shape: tv.VAEShape, time_cut: bool = True, context: bool = T
 
     Image VAEs and Wan 2.1/2.2 (time never cut, the cache carried by the VAE): feather 0.25
     (seam in the middle of the overlap; SD/Wan figures in ``memorykit/tiled_vae.py``), shared
-    statistics on. HunyuanVideo with time uncut (its own causal chunks on 0.33+, or temporal tiles
-    longer than the video): the same; with the global head/tail 0.24 of core's error decoding
-    (0.33.0 zoo: 0.287 vs core 1.185; 0.28 vs 1.18 on 0.3.75 with time uncut), encoding 0.36
-    (0.342 vs 0.955; feather 1.0: 0.371; without statistics 0.81).
+    statistics on. HunyuanVideo with time uncut (its own causal chunks on 0.33+, Tiled VAE's
+    carried chunks on 0.3.75, or temporal tiles longer than the video): the same; with the global
+    head/tail 0.24 of core's error decoding (0.33.0 zoo: 0.287 vs core 1.185; 0.282 vs 1.185 on
+    0.3.75), encoding 0.36 (0.342 vs 0.955; 0.299 vs 0.968 on 0.3.75; feather 1.0: 0.371; without
+    statistics 0.81; decode without statistics 0.58 on 0.3.75).
 
     HunyuanVideo 1.5 and LTX-Video with time uncut and a global context: feather 0.25, no shared
     statistics (RMS / pixel norms) — the context removes the far-reaching part, and the seam is
@@ -125,8 +126,20 @@ def _seam_centred_with_context(vae) -> bool:
 PROBE_SIDES = {True: (16, 32), False: (8, 16)}
 
 
-def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_model, tail_dummy=None):
-    """Shared body of :func:`tiled_vae_decode` / :func:`tiled_vae_encode` (``x`` channel-first).
+class NeedsWholeLengthContext(RuntimeError):
+    """A decode/encode in carried time chunks (:class:`memorykit.tiled_vae.TimeChunks`) got no
+    global head/tail (global_context off, none within the budget, or one that did not fit the
+    tiles): its chunks' mid-block attention would see only the chunk (zoo, HunyuanVideo decode on
+    0.3.75: 2.34, twice core's error), so the caller cuts time into tiles instead."""
+
+
+def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_model, tail_dummy=None, chunks=None,
+         time_tiles: bool = False):
+    """Shared body of :func:`tiled_vae_decode` / :func:`tiled_vae_encode` (``x`` channel-first;
+    ``chunks``: :class:`memorykit.tiled_vae.TimeChunks` where ``fn`` runs time in chunks that need
+    the whole length's context — the head is then chosen even for one spatial tile, and
+    :class:`NeedsWholeLengthContext` raised without one; ``time_tiles``: cut time into tiles even
+    where :func:`vae_time.time_mode` would not).
 
     Order: validate and plan (errors before any work) → load the VAE through ComfyUI's memory
     manager asking for the memory of ONE tile → tile cost → largest tile within the budget → run.
@@ -137,6 +150,8 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     """
     import comfy.utils
     shape = vae_shape(vae, direction)
+    if time_tiles:
+        shape = dataclasses.replace(shape, time_cache=False)
     dims = tuple(x.shape[2:])
     # Temporal fields only matter where time is cut (video VAEs without a causal cache).
     temporal = (opts.temporal_size, opts.temporal_overlap) if shape.video and not shape.time_cache else (1, 0)
@@ -188,10 +203,12 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     if tile_px != opts.tile_px:
         plan = tv.make_plan(shape, direction, dims, tile_px, opts.overlap_px, *args)
     head = tail = None
-    if opts.global_context and plan.num_tiles > 1 and not (shape.video and len(plan.axes[0].starts) > 1):
+    chunked = chunks is not None and x.shape[2] > chunks.frames
+    if opts.global_context and (plan.num_tiles > 1 or chunked) and not (shape.video and len(plan.axes[0].starts) > 1):
         if direction == "decode":
+            once = chunks.whole_fn if chunked else fn  # the head's pass runs the whole length in one forward
             for h in vae_context.decode_heads(vae.first_stage_model):
-                if vae_context.head_bytes(vae, fn, h[0], h[1], plan, probe, probe_sides, len(h) > 3 and h[3]) <= budget:
+                if vae_context.head_bytes(vae, once, h[0], h[1], plan, probe, probe_sides, len(h) > 3 and h[3]) <= budget:
                     head = h
                     break
         else:
@@ -199,6 +216,11 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
                 if vae_context.tail_bytes(vae, c[0], c[1], plan) <= budget:
                     tail = c
                     break
+    if chunked and head is None and tail is None:
+        raise NeedsWholeLengthContext("global context off" if not opts.global_context else "none within the budget")
+    if chunked and norm is not None:  # the statistics pre-pass runs the whole length: shrink it to the budget
+        pre = cost.bytes_for(units(plan)) * (x.shape[2] / chunks.frames if cost.source == "measured" else 1.0)
+        chunks = dataclasses.replace(chunks, stats_share=min(1.0, budget / pre) if pre > 0 else 1.0)
 
     def replan():  # the blend chosen without a global context
         return tv.make_plan(shape, direction, dims, tile_px, opts.overlap_px, *temporal,
@@ -215,7 +237,8 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
         store = ch * grid_hw[0] * grid_hw[1] * head[1] ** 2 * frames * mm.dtype_size(vae.vae_dtype)
         if on_gpu and store + cost.bytes_for(units(plan)) <= budget:
             head_store = vae.device
-    pbar = comfy.utils.ProgressBar(tv.steps_for(plan, x.shape[0], bool(norm and norm.available), bool(head), bool(tail)))
+    pbar = comfy.utils.ProgressBar(tv.steps_for(plan, x.shape[0], bool(norm and norm.available), bool(head), bool(tail),
+                                                chunked))
 
     def on_step():
         pbar.update(1)
@@ -229,14 +252,16 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
                            head_stop=bool(head and len(head) > 3 and head[3]),
                            tail_module=tail[0] if tail else None,
                            tail_scale=tail[1] if tail else 1,
-                           tail_dummy=tail_dummy, on_step=on_step, output_device=vae.output_device)
+                           tail_dummy=tail_dummy, chunks=chunks, on_step=on_step, output_device=vae.output_device)
     except GlobalContextMismatch as e:  # the context does not fit the tiles: tile without it (correct, less exact)
+        if chunked:
+            raise NeedsWholeLengthContext(f"{(head or tail)[2]} {e}") from e
         context_off = f"off: {(head or tail)[2]} {e}"
         head = tail = None
         if opts.feather is None:
             plan = replan()
-        pbar = comfy.utils.ProgressBar(tv.steps_for(plan, x.shape[0], bool(norm and norm.available)))
-        out = tv.run_tiled(x, fn, plan, norm_stats=norm, on_step=on_step, output_device=vae.output_device)
+        pbar = comfy.utils.ProgressBar(tv.steps_for(plan, x.shape[0], bool(norm and norm.available), chunked=chunked))
+        out = tv.run_tiled(x, fn, plan, norm_stats=norm, chunks=chunks, on_step=on_step, output_device=vae.output_device)
     info = {
         "direction": direction, "vae": type(vae.first_stage_model).__name__,
         "input_shape": list(x.shape), "output_shape": list(out.shape), "items": int(x.shape[0]),
@@ -244,7 +269,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
         "overlap_px": opts.overlap_px,
         "plan": plan.describe(), "tiles_per_item": plan.num_tiles,
         "time": _time_info(vae, direction, shape, plan, opts),
-        "shared_norm_stats": bool(norm and norm.available and plan.num_tiles > 1),
+        "shared_norm_stats": bool(norm and norm.available and (plan.num_tiles > 1 or chunked)),
         "global_context": (head[2] if head else tail[2] if tail else context_off or "off"),
         "global_context_kept_on": str(head_store) if head else None,
         "memory_budget_bytes": int(max(0, budget)), "budget_source": budget_source,
@@ -258,7 +283,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
 def _time_info(vae, direction: str, shape: tv.VAEShape, plan, opts: TiledVAEOptions) -> str:
     if not shape.video:
         return "none"
-    mode = time_mode(vae, direction)
+    mode = time_mode(vae, direction) if shape.time_cache else "tiles"
     if mode == "core":
         return "whole length per tile (causal cache carried by the VAE)"
     if mode == "carry":
@@ -323,15 +348,20 @@ def tiled_vae_decode(vae, samples: torch.Tensor, opts: TiledVAEOptions) -> tuple
     def fn(z):
         return model.decode(z.to(dtype).to(device)).to(out_dev).float()
 
+    chunks = None
     if shape.video and time_mode(vae, "decode") == "carry":
         tv.check_tile_args(opts.tile_px, opts.overlap_px, opts.temporal_size, 0)  # time is not cut: overlap ignored
-        fn = carried_decode(vae, fn, carry_chunk(shape, opts), mm.throw_exception_if_processing_interrupted)
+        fn, chunks = carried_decode(vae, fn, carry_chunk(shape, opts), mm.throw_exception_if_processing_interrupted)
 
     def cost_model(frames, s):
         dims = (1, shape.latent_channels) + ((frames,) if shape.video else ()) + (16, 16)
         return vae.memory_used_decode(dims, dtype) / 256.0
 
-    out, info = _run(vae, "decode", samples, fn, opts, cost_model)
+    try:
+        out, info = _run(vae, "decode", samples, fn, opts, cost_model, chunks=chunks)
+    except NeedsWholeLengthContext as e:
+        out, info = _run(vae, "decode", samples, chunks.whole_fn, opts, cost_model, time_tiles=True)
+        info["time"] += f" (carried chunks need the global head: {e})"
     images = vae.process_output(out).movedim(1, -1)
     if images.ndim == 5:
         images = images.reshape((-1,) + tuple(images.shape[-3:]))
@@ -371,4 +401,14 @@ def tiled_vae_encode(vae, pixels: torch.Tensor, opts: TiledVAEOptions) -> tuple[
         lead = (shape.time_factor * (frames - 1) + 1,) if shape.video else ()
         return vae.memory_used_encode((1, input_channels(vae)) + lead + (16 * s_, 16 * s_), dtype) / 256.0
 
-    return _run(vae, "encode", x, fn, opts, cost_model, tail_dummy=lambda xb: xb[..., :s, :s])
+    dummy = lambda xb: xb[..., :s, :s]  # noqa: E731
+    if not (shape.video and time_mode(vae, "encode") == "carry"):
+        return _run(vae, "encode", x, fn, opts, cost_model, tail_dummy=dummy)
+    tv.check_tile_args(opts.tile_px, opts.overlap_px, opts.temporal_size, 0)  # time is not cut: overlap ignored
+    run, chunks = carried_encode(vae, fn, carry_chunk(shape, opts), mm.throw_exception_if_processing_interrupted)
+    try:
+        return _run(vae, "encode", x, run, opts, cost_model, tail_dummy=dummy, chunks=chunks)
+    except NeedsWholeLengthContext as e:
+        out, info = _run(vae, "encode", x, fn, opts, cost_model, tail_dummy=dummy, time_tiles=True)
+        info["time"] += f" (carried chunks need the global tail: {e})"
+        return out, info
