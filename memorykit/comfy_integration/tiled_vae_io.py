@@ -98,15 +98,38 @@ def blend_rule(vae, shape: tv.VAEShape, time_cut: bool = True, context: bool = T
     0.162 (core 0.285), spatial-only encode 0.051 → 0.048 (core 0.057); issue 25: Mochi
     spatial-only decode 0.51 with stats, 0.27 without (core 0.29), Cosmos spatial-only encode
     0.105 at feather 0.25, core 0.076.
+
+    HunyuanImage 2.1 (``hunyuan_video.vae`` 2-D Encoder/Decoder, 32×): feather 0.25 with its
+    global head/tail, 1.0 without (0.33.0 zoo, ours/core at 0.25 → 1.0: with context decode
+    0.099 → 0.098, encode 0.233 → 0.247; without decode 0.316 → 0.279, encode 0.652 → 0.586;
+    core 0.369 / 0.705). CogVideoX (time never cut: its own chunks, ``vae_time``): feather 1.0
+    and shared statistics — its GroupNorms run per chunk of frames, the same chunks in the
+    statistics pre-pass (same length) as in every tile (0.33.0 zoo, decode 0.343 → 0.204 with
+    statistics, 0.209 at 0.25; encode 0.932 → 0.863, 0.957 at 0.25; core 0.836 / 1.050).
+    TAESD and TAEHV (no norms): the defaults, within 3 % of the other feather either way.
     """
     from .vae_time import _is_wan
     if not shape.video:
-        return tv.DEFAULT_FEATHER, True
+        return (1.0 if not context and _hunyuan_image(vae) else tv.DEFAULT_FEATHER), True
     if not time_cut and (_is_wan(vae.first_stage_model) or _frame_spanning_groupnorm(vae)):
         return tv.DEFAULT_FEATHER, True
+    if not time_cut and _cogvideox(vae):
+        return 1.0, True
     if not time_cut and context and _seam_centred_with_context(vae):
         return tv.DEFAULT_FEATHER, False
     return 1.0, False
+
+
+def _hunyuan_image(vae) -> bool:
+    """HunyuanImage 2.1's VAE (``comfy.ldm.hunyuan_video.vae`` Decoder; see :func:`blend_rule`)."""
+    import comfy.ldm.hunyuan_video.vae as hyi
+    return type(getattr(vae.first_stage_model, "decoder", None)) is hyi.Decoder
+
+
+def _cogvideox(vae) -> bool:
+    """CogVideoX's VAE (``comfy.ldm.cogvideo.vae``, 0.33+; see :func:`blend_rule`)."""
+    m = vae.first_stage_model
+    return type(m).__name__ == "AutoencoderKLCogVideoX" and type(m).__module__.endswith("cogvideo.vae")
 
 
 def _seam_centred_with_context(vae) -> bool:

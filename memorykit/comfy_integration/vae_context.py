@@ -39,6 +39,9 @@ def decode_heads(model) -> list[tuple]:
         ups = [i for i, m in enumerate(dec.upsamples) if isinstance(m, wan21.Resample) and m.mode.startswith("upsample")]
         heads = [(dec.upsamples[ups[0]], 2, f"decoder.upsamples.{ups[0]}")] if ups else []
         return heads + [(dec.middle[-1], 1, f"decoder.middle.{len(dec.middle) - 1}")]
+    hyi = _hunyuan_image_heads(dec)
+    if hyi:
+        return hyi
     ltx = _ltx_heads(dec)
     if ltx:
         return ltx
@@ -63,6 +66,29 @@ def decode_heads(model) -> list[tuple]:
         heads = [(dec.upsamples[ups[0]], 2, f"decoder.upsamples.{ups[0]}")] if ups else []
         return heads + [(dec.middle[-1], 1, f"decoder.middle.{len(dec.middle) - 1}")]
     return []
+
+
+def _hunyuan_image_heads(dec) -> list[tuple]:
+    """HunyuanImage 2.1's 2-D decoder (``comfy.ldm.hunyuan_video.vae.Decoder``: conv_in, middle
+    block with attention over all latent positions, then the stages ``up[0..]`` lowest
+    resolution first, each but the last ending in a 2× ``PixelUnshuffle2D``): after the first
+    stage's upsampler (scale 2), else the middle block."""
+    import comfy.ldm.hunyuan_video.vae as hyi
+    if type(dec) is not hyi.Decoder:
+        return []
+    up0 = getattr(dec.up[0], "upsample", None) if len(dec.up) else None
+    return ([(up0, 2, "decoder.up.0.upsample")] if up0 is not None else []) + [(dec.mid.block_2, 1, "decoder.mid.block_2")]
+
+
+def _hunyuan_image_tails(enc) -> list[tuple]:
+    """HunyuanImage 2.1's 2-D encoder (``comfy.ldm.hunyuan_video.vae.Encoder``): the input of its
+    last ``PixelShuffle2D`` downsampler (scale 2), else of the middle block (scale 1)."""
+    import comfy.ldm.hunyuan_video.vae as hyi
+    if type(enc) is not hyi.Encoder:
+        return []
+    downs = [i for i, st in enumerate(enc.down) if hasattr(st, "downsample")]
+    tails = [(enc.down[downs[-1]].downsample, 2, f"encoder.down.{downs[-1]}.downsample")] if downs else []
+    return tails + [(enc.mid.block_1, 1, "encoder.mid.block_1")]
 
 
 def _ltx_heads(dec) -> list[tuple]:
@@ -111,6 +137,9 @@ def encode_tails(model) -> list[tuple[torch.nn.Module, int, str]]:
         downs = [i for i, st in enumerate(enc.down) if hasattr(st, "downsample")]
         tails = [(enc.down[downs[-1]].downsample, 2, f"encoder.down.{downs[-1]}.downsample")] if downs else []
         return tails + [(enc.mid.block_1, 1, "encoder.mid.block_1")]
+    hyi = _hunyuan_image_tails(enc)
+    if hyi:
+        return hyi
     ltx = _ltx_tails(enc)
     if ltx:
         return ltx

@@ -254,6 +254,60 @@ def minimax_h3():
     return detected(m)
 
 
+def hunyuan_image21():
+    """HunyuanImage 2.1's VAE (64 channels, 32× spatial; 2-D ``hunyuan_video.vae`` Encoder/Decoder)
+    with 32-64-128 wide stages (core fixes 128-1024) and one res block per stage."""
+    cfg = {"block_out_channels": [32, 32, 64, 64, 128, 128], "in_channels": 3, "out_channels": 3, "num_res_blocks": 1,
+           "ffactor_spatial": 32, "downsample_match_channel": True, "upsample_match_channel": True, "z_channels": 64}
+    p = "comfy.ldm.hunyuan_video.vae."
+    return detected(_tiny(_engine(p + "Encoder", p + "Decoder", cfg), 12))
+
+
+def cogvideox():
+    """CogVideoX's VAE (16 channels, 8× spatial, 4× time) with stages 32-32-64-64 wide (core
+    fixes 128-512) and one res block per stage (core 3)."""
+    from comfy.ldm.cogvideo.vae import AutoencoderKLCogVideoX
+    return detected(_tiny(AutoencoderKLCogVideoX(block_out_channels=(32, 32, 64, 64), latent_channels=16,
+                                                 layers_per_block=1), 13))
+
+
+TAE_GAIN = 1.0
+
+
+def _scaled_convs(module: torch.nn.Module, gain: float, seed: int) -> torch.nn.Module:
+    """Conv weights of std ``gain / sqrt(fan_in)``, biases 0: TAESD/TAEHV have no norms, and at
+    std 0.02 (:func:`_tiny`) their output is a constant (VAE Decode of TAESD then 0 everywhere)."""
+    gen = torch.Generator().manual_seed(models.SEED + 200 + seed)
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                fan_in = m.weight[0].numel()
+                m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * gain / fan_in ** 0.5)
+                if m.bias is not None:
+                    m.bias.zero_()
+        last = [m for m in module.decoder.modules() if isinstance(m, torch.nn.Conv2d)][-1] if hasattr(module, "decoder") \
+            else [m for m in module.taesd_decoder.modules() if isinstance(m, torch.nn.Conv2d)][-1]
+        last.bias.fill_(0.5)  # decoded pixels around mid-grey, as a real image
+    return module
+
+
+def taesd():
+    """TAESD for SD's 4-channel latent, core's own full-size model (64 wide already) with
+    random weights; core reads the latent channels from the state dict."""
+    from comfy.taesd.taesd import TAESD
+    m = _scaled_convs(_tiny(TAESD(latent_channels=4), 14), TAE_GAIN, 14)
+    m.vae_scale.data.fill_(1.0)
+    m.vae_shift.data.fill_(0.0)
+    return from_state_dict(m)
+
+
+def taehv():
+    """TAEHV / taew2.1 / lighttaew2_1 (16 channels, 8× spatial, 4× time; float32 weights, so
+    core takes it for lighttaew2_1: no latent scaling): core's own full-size model (64-256 wide)."""
+    from comfy.taesd.taehv import TAEHV
+    return from_state_dict(_scaled_convs(_tiny(TAEHV(latent_channels=16), 15), TAE_GAIN, 15))
+
+
 @dataclass(frozen=True)
 class Entry:
     build: Callable[[], object]
@@ -293,6 +347,10 @@ ZOO: dict[str, Entry] = {
     "mochi": Entry(mochi, True),
     "cosmos": Entry(cosmos, True),
     "minimax_h3": Entry(minimax_h3, True, "comfy.ldm.minimax.vae:MiniMaxH3VideoVAE"),
+    "hunyuan_image21": Entry(hunyuan_image21, False, "comfy.ldm.hunyuan_video.vae:Decoder"),
+    "cogvideox": Entry(cogvideox, True, "comfy.ldm.cogvideo.vae:AutoencoderKLCogVideoX"),
+    "taesd": Entry(taesd, False, "comfy.taesd.taesd:TAESD"),
+    "taehv": Entry(taehv, True, "comfy.taesd.taehv:TAEHV"),
 }
 
 
