@@ -295,11 +295,31 @@ def carry_chunk(shape: tv.VAEShape, opts: TiledVAEOptions) -> int:
     return max(1, (opts.temporal_size - 1) // k + 1 if shape.causal_time else opts.temporal_size // k)
 
 
-def _deferred(vae, direction: str, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """VAE Decode/Encode itself, for a VAE that tiles internally (core's ``handles_tiling``:
-    MiniMax-H3's video VAE, 256 px tiles and 17-frame chunks inside the model, frames 17k+5 ↔
-    latents 5k+2). Its own tiling is what its authors tuned; tiling it again from outside would
-    only add seams. The info dict says so (``deferred_to_core``)."""
+def deferral(vae, direction: str) -> str | None:
+    """Why ``vae`` is not tiled from outside in ``direction`` (then :func:`_deferred` runs VAE
+    Decode/Encode itself), or None:
+
+    - core's ``handles_tiling`` (MiniMax-H3's and SeedVR2's video VAEs tile inside the model;
+      their own tiling is what their authors tuned, tiling again from outside only adds seams);
+    - LTX 2.4's diffusion decoder (``na_diffusion_decoder.CausalDiffusionVAE``, decode only):
+      one denoising step from noise drawn with seed 0 in the shape of the call's output, so a
+      tile gets other noise than its region of the whole frame — tiled decodes disagree with
+      the untiled one by more than its own variation (zoo, 0.33.0: ours 1.21, core's VAE Decode
+      (Tiled) 1.26; seed 0 vs seed 1 untiled: 1.29; the tile's stage-1..4 context alone 0.004).
+      Its encoder is LTX-Video's and tiles."""
+    if getattr(vae, "handles_tiling", False):
+        return "the VAE's own tiling (handles_tiling)"
+    m = vae.first_stage_model
+    if direction == "decode" and type(m).__name__ == "CausalDiffusionVAE" and type(m).__module__.endswith("na_diffusion_decoder"):
+        return ("VAE Decode: LTX 2.4's diffusion decoder draws its noise for the whole frame; "
+                "a tile would get other noise (tiled decodes differ from VAE Decode by more than the image varies)")
+    return None
+
+
+def _deferred(vae, direction: str, x: torch.Tensor, why: str = "the VAE's own tiling (handles_tiling)") -> tuple[torch.Tensor, dict]:
+    """VAE Decode/Encode itself, for a VAE that is not tiled from outside (:func:`deferral` says
+    why: ``why``, the info dict's ``time`` and ``deferred_why``). The info dict says so
+    (``deferred_to_core``)."""
     t0 = time.perf_counter()
     out = vae.decode(x) if direction == "decode" else vae.encode(x)
     if direction == "decode" and out.ndim == 5:
@@ -307,7 +327,7 @@ def _deferred(vae, direction: str, x: torch.Tensor) -> tuple[torch.Tensor, dict]
     info = {"direction": direction, "vae": type(vae.first_stage_model).__name__, "deferred_to_core": True,
             "input_shape": list(x.shape), "output_shape": list(out.shape), "items": int(x.shape[0]),
             "tiles_per_item": 1, "global_context": "off", "shared_norm_stats": False,
-            "time": "the VAE's own tiling (handles_tiling)", "seconds": round(time.perf_counter() - t0, 3)}
+            "time": why, "deferred_why": why, "seconds": round(time.perf_counter() - t0, 3)}
     return out, info
 
 
@@ -327,11 +347,13 @@ def tiled_vae_decode(vae, samples: torch.Tensor, opts: TiledVAEOptions) -> tuple
     Returns (IMAGE ``[N, H·s, W·s, 3]`` float32 on ComfyUI's intermediate device — video frames
     of all items concatenated as VAEDecode does — and the plan/info dict). Raises ValueError
     before any decoding on a latent that does not fit the VAE or on bad sizes. A VAE that tiles
-    itself (``handles_tiling``) decodes with VAE Decode (see :func:`_deferred`).
+    itself (``handles_tiling``) or cannot be tiled from outside decodes with VAE Decode (see
+    :func:`deferral`).
     """
-    if getattr(vae, "handles_tiling", False):
-        vae.throw_exception_if_invalid()
-        return _deferred(vae, "decode", samples)
+    vae.throw_exception_if_invalid()
+    why = deferral(vae, "decode")
+    if why:
+        return _deferred(vae, "decode", samples, why)
     opts = planned_options(vae, opts)
     shape = vae_shape(vae, "decode")
     want = 5 if shape.video else 4
@@ -366,11 +388,12 @@ def tiled_vae_encode(vae, pixels: torch.Tensor, opts: TiledVAEOptions) -> tuple[
 
     Pixels are centre-cropped to a multiple of the VAE's compression as VAEEncode does.
     Returns (LATENT samples, info dict). Raises ValueError before any encoding on bad input. A
-    VAE that tiles itself (``handles_tiling``) encodes with VAE Encode (see :func:`_deferred`).
+    VAE that tiles itself (``handles_tiling``) encodes with VAE Encode (see :func:`deferral`).
     """
-    if getattr(vae, "handles_tiling", False):
-        vae.throw_exception_if_invalid()
-        return _deferred(vae, "encode", pixels)
+    vae.throw_exception_if_invalid()
+    why = deferral(vae, "encode")
+    if why:
+        return _deferred(vae, "encode", pixels, why)
     opts = planned_options(vae, opts)
     shape = vae_shape(vae, "encode")
     if pixels.ndim != 4 or pixels.shape[-1] < 3:

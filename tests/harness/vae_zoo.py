@@ -308,6 +308,49 @@ def taehv():
     return from_state_dict(_scaled_convs(_tiny(TAEHV(latent_channels=16), 15), TAE_GAIN, 15))
 
 
+def seedvr2():
+    """SeedVR2's video VAE (16 channels, 8× spatial, 4× time; tiles itself: ``handles_tiling``)
+    with stages 32-32-64-64 wide (the class fixes 128-512) and one res block per stage."""
+    from comfy.ldm.seedvr import vae as sv
+    with torch.device("meta"):
+        m = sv.VideoAutoencoderKLWrapper()
+    kw = dict(block_out_channels=(32, 32, 64, 64), layers_per_block=1, norm_num_groups=32, inflation_mode="pad",
+              time_receptive_field="full")
+    m.encoder = sv.Encoder3D(in_channels=3, out_channels=sv.SEEDVR2_LATENT_CHANNELS, down_block_types=("DownEncoderBlock3D",) * 4,
+                             temporal_down_num=2, **kw)
+    m.decoder = sv.Decoder3D(in_channels=sv.SEEDVR2_LATENT_CHANNELS, out_channels=3, up_block_types=("UpDecoderBlock3D",) * 4,
+                             temporal_up_num=2, **kw)
+    m.to_empty(device="cpu")
+    m.set_memory_limit(sv.BYTEDANCE_VAE_CONV_MEM_GIB, sv.BYTEDANCE_VAE_NORM_MEM_GIB)
+    return detected(_tiny(m, 16))
+
+
+LTX24_CONFIG = {
+    "_class_name": "CausalDiffusionVAE", "dims": 3, "model_output_type": "x0",
+    "encoder": {"dims": 3, "in_channels": 3, "out_channels": 128, "patch_size": 4, "latent_log_var": "constant",
+                "norm_layer": "pixel_norm", "base_channels": 16, "spatial_padding_mode": "zeros",
+                "blocks": [["res_x", {"num_layers": 1}], ["compress_space_res", {"multiplier": 2}],
+                           ["res_x", {"num_layers": 1}], ["compress_time_res", {"multiplier": 2}],
+                           ["res_x", {"num_layers": 1}], ["compress_all_res", {"multiplier": 2}],
+                           ["res_x", {"num_layers": 1}], ["compress_all_res", {"multiplier": 1}],
+                           ["res_x", {"num_layers": 1}]]},
+    "decoder": {"in_channels": 128, "out_channels": 3, "patch_size": 4, "head_dim": 16,
+                "stage_channels": [128, 64, 32, 32, 16], "stage_depths": [1, 1, 1, 1, 1],
+                "stage_kernels": [[3, 7, 7], [3, 7, 7], [3, 5, 5], [3, 5, 5], [3, 5, 5]],
+                "upsamples": [[[1, 2, 2], 2], [[2, 1, 1], 2], [[2, 2, 2], 1], [[2, 2, 2], 2]],
+                "stage5_kernel": [3, 5, 5], "timestep_scale_multiplier": 1000.0, "default_num_inference_steps": 1},
+}
+
+
+def ltx24():
+    """LTX 2.4's VAE (LTX-Video's conv encoder + the one-step diffusion decoder with
+    neighbourhood attention, ``CausalDiffusionVAE``) from its ``config`` metadata, 16-128 wide,
+    one block per stage, stage-5 window 3×5×5 (the file's: 11³)."""
+    from comfy.ldm.lightricks.vae.na_diffusion_decoder import CausalDiffusionVAE
+    m = _ltxv_stats(_tiny(CausalDiffusionVAE(config=LTX24_CONFIG), 17))
+    return from_state_dict(m, metadata={"config": json.dumps({"vae": LTX24_CONFIG})})
+
+
 @dataclass(frozen=True)
 class Entry:
     build: Callable[[], object]
@@ -351,6 +394,8 @@ ZOO: dict[str, Entry] = {
     "cogvideox": Entry(cogvideox, True, "comfy.ldm.cogvideo.vae:AutoencoderKLCogVideoX"),
     "taesd": Entry(taesd, False, "comfy.taesd.taesd:TAESD"),
     "taehv": Entry(taehv, True, "comfy.taesd.taehv:TAEHV"),
+    "seedvr2": Entry(seedvr2, True, "comfy.ldm.seedvr.vae:VideoAutoencoderKLWrapper"),
+    "ltx24": Entry(ltx24, True, "comfy.ldm.lightricks.vae.na_diffusion_decoder:CausalDiffusionVAE"),
 }
 
 
