@@ -26,7 +26,8 @@ CHUNK = 2                   # latent frames per temporal tile / carried chunk (t
 
 # Largest ours/core error ratio where time is not cut (a regression guard on what the causal time
 # cache + global context + shared statistics give; figures in docs/tiled-vae.md). ≤ 1/4: issue 25.
-BOUNDS = {("wan21", "decode"): 0.25, ("wan22", "decode"): 0.25, ("wan22", "encode"): 0.25, ("hunyuan_video", "decode"): 0.25, ("hunyuan_video", "encode"): 0.4,
+BOUNDS = {("hunyuan_image21", "decode"): 0.3, ("hunyuan_image21", "encode"): 0.4, ("mage_vae", "decode"): 0.05,
+          ("cogvideox", "decode"): 0.3, ("wan21", "decode"): 0.25, ("wan22", "decode"): 0.25, ("wan22", "encode"): 0.25, ("hunyuan_video", "decode"): 0.25, ("hunyuan_video", "encode"): 0.4,
           ("hunyuan_video15", "decode"): 0.25, ("hunyuan_video15", "encode"): 0.25, ("ltxv", "decode"): 0.25,
           ("ltxv", "encode"): 0.25, ("mochi", "decode"): 0.45}
 
@@ -170,7 +171,7 @@ def test_encode(zoo_vae, ci):
 def _check_bound(name: str, direction: str, info: dict, e_ours: float, e_core: float) -> None:
     """Where time is not cut (or the VAE has no time), ours ≤ BOUNDS × core's error."""
     bound = BOUNDS.get((name, direction))
-    if bound is not None and "whole length" in str(info.get("time")):
+    if bound is not None and ("whole length" in str(info.get("time")) or info.get("time") == "none"):
         assert e_ours <= bound * e_core, f"{name} {direction}: ours {e_ours:.4f} > {bound} × core {e_core:.4f}"
 
 

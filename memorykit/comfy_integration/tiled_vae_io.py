@@ -67,7 +67,8 @@ def _frame_spanning_groupnorm(vae) -> bool:
     return type(getattr(m, "decoder", None)) is Decoder and type(getattr(m, "encoder", None)) is Encoder
 
 
-def blend_rule(vae, shape: tv.VAEShape, time_cut: bool = True, context: bool = True) -> tuple[float, bool]:
+def blend_rule(vae, shape: tv.VAEShape, time_cut: bool = True, context: bool = True,
+               direction: str = "decode") -> tuple[float, bool]:
     """(feather, shared GroupNorm statistics allowed) for this VAE — chosen by its structure;
     ``context``: a global head/tail will run (the choice is made again without it when none fits
     or it does not fit the tiles).
@@ -107,9 +108,16 @@ def blend_rule(vae, shape: tv.VAEShape, time_cut: bool = True, context: bool = T
     statistics pre-pass (same length) as in every tile (0.33.0 zoo, decode 0.343 → 0.204 with
     statistics, 0.209 at 0.25; encode 0.932 → 0.863, 0.957 at 0.25; core 0.836 / 1.050).
     TAESD and TAEHV (no norms): the defaults, within 3 % of the other feather either way.
+    Mage-VAE: no shared statistics (its GroupNorms sit in the conditioning decoder, whose
+    windowed attention sees another image in the downsampled pre-pass), feather 0.25 with its
+    global head, decoding without it 1.0 (0.33.0 zoo decode: with the head 0.0044 at 0.25, 0.0070 at 1.0;
+    without it 0.872 with statistics at 0.25, 0.610 without, 0.572 at 1.0 — core 0.540: the one
+    case here worse than core's, see docs/tiled-vae.md; encode 0.031 at 0.25, 0.049 at 1.0, core 0.072).
     """
     from .vae_time import _is_wan
     if not shape.video:
+        if _mage(vae):
+            return (1.0 if direction == "decode" and not context else tv.DEFAULT_FEATHER), False
         return (1.0 if not context and _hunyuan_image(vae) else tv.DEFAULT_FEATHER), True
     if not time_cut and (_is_wan(vae.first_stage_model) or _frame_spanning_groupnorm(vae)):
         return tv.DEFAULT_FEATHER, True
@@ -124,6 +132,12 @@ def _hunyuan_image(vae) -> bool:
     """HunyuanImage 2.1's VAE (``comfy.ldm.hunyuan_video.vae`` Decoder; see :func:`blend_rule`)."""
     import comfy.ldm.hunyuan_video.vae as hyi
     return type(getattr(vae.first_stage_model, "decoder", None)) is hyi.Decoder
+
+
+def _mage(vae) -> bool:
+    """Mage-VAE (``comfy.ldm.mage_flow.vae.MageVAE``, 0.33+; see :func:`blend_rule`)."""
+    m = vae.first_stage_model
+    return type(m).__name__ == "MageVAE" and type(m).__module__.endswith("mage_flow.vae")
 
 
 def _cogvideox(vae) -> bool:
@@ -165,7 +179,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     temporal = (opts.temporal_size, opts.temporal_overlap) if shape.video and not shape.time_cache else (1, 0)
     plan = tv.make_plan(shape, direction, dims, opts.tile_px, opts.overlap_px, *temporal)
     time_cut = shape.video and len(plan.axes[0].starts) > 1
-    rule_feather, rule_stats = blend_rule(vae, shape, time_cut)
+    rule_feather, rule_stats = blend_rule(vae, shape, time_cut, direction=direction)
     args = (*temporal, rule_feather if opts.feather is None else opts.feather)
     plan = tv.make_plan(shape, direction, dims, opts.tile_px, opts.overlap_px, *args)
     s = shape.spatial_factor
@@ -225,7 +239,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
 
     def replan():  # the blend chosen without a global context
         return tv.make_plan(shape, direction, dims, tile_px, opts.overlap_px, *temporal,
-                            blend_rule(vae, shape, time_cut, context=False)[0])
+                            blend_rule(vae, shape, time_cut, context=False, direction=direction)[0])
 
     if head is None and tail is None and opts.feather is None and plan.num_tiles > 1:
         plan = replan()

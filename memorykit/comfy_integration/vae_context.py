@@ -30,6 +30,9 @@ def decode_heads(model) -> list[tuple]:
     import comfy.ldm.wan.vae as wan21
     import comfy.ldm.wan.vae2_2 as wan22
     from comfy.ldm.modules.diffusionmodules.model import Decoder
+    mage = _mage_heads(model)
+    if mage:
+        return mage
     dec = getattr(model, "decoder", None)
     if type(dec) is Decoder and not decoder_gives_pre_end(dec):
         top, r = dec.num_resolutions - 1, _latent_patch(model)
@@ -66,6 +69,19 @@ def decode_heads(model) -> list[tuple]:
         heads = [(dec.upsamples[ups[0]], 2, f"decoder.upsamples.{ups[0]}")] if ups else []
         return heads + [(dec.middle[-1], 1, f"decoder.middle.{len(dec.middle) - 1}")]
     return []
+
+
+def _mage_heads(model) -> list[tuple]:
+    """Mage-VAE (``comfy.ldm.mage_flow.vae.MageVAE``, 0.33+): its conditioning decoder
+    (``decoder_model.y_embedder.decoder``, the CoD decoder: convolutions, GroupNorms and attention
+    in windows of 32 latent pixels, all at the latent resolution), whose output conditions the
+    one-step pixel denoiser. A ``stop`` head: ``MageVAE.decode`` sizes the denoiser's input from
+    the latent, so the capture run cannot go on with a 1×1 stand-in."""
+    mod = sys.modules.get("comfy.ldm.mage_flow.vae")
+    if mod is None or type(model) is not getattr(mod, "MageVAE", None):
+        return []
+    cod = model.decoder_model.y_embedder.decoder
+    return [(cod, 1, "decoder_model.y_embedder.decoder", True)]
 
 
 def _hunyuan_image_heads(dec) -> list[tuple]:

@@ -83,7 +83,7 @@ def detected(model: torch.nn.Module, trigger: dict | None = None, meta: bool = T
     for _ in range(4):
         try:
             with torch.device("meta") if meta else contextlib.nullcontext():
-                vae = comfy.sd.VAE(sd=sd)
+                vae = comfy.sd.VAE(sd=dict(sd))  # a copy: core renames keys in place (Mage-VAE's prefixes)
             break
         except RuntimeError as e:
             fixes = _MISMATCH.findall(str(e))
@@ -94,6 +94,8 @@ def detected(model: torch.nn.Module, trigger: dict | None = None, meta: bool = T
         raise RuntimeError("core's VAE detection kept reporting size mismatches")
     full = vae.first_stage_model
     for name in ("", "encoder", "decoder"):
+        if name and not hasattr(full, name):  # Mage-VAE: dconv_encoder / decoder_model
+            continue
         a, b = (getattr(m, name) if name else m for m in (full, model))
         assert type(a) is type(b), f"core detected {type(a).__name__} for {name or 'the model'}, the zoo built {type(b).__name__}"
     vae.first_stage_model = model.to(vae.vae_dtype)
@@ -351,6 +353,28 @@ def ltx24():
     return from_state_dict(m, metadata={"config": json.dumps({"vae": LTX24_CONFIG})})
 
 
+MAGE_GAIN = 1.0
+
+
+def mage():
+    """Mage-VAE (one-step diffusion codec, 128 channels, 16×): encoder 64 wide with one block
+    (the class fixes 384/768 wide, 21 + 2 blocks), denoiser 64 wide with one conditioning block and
+    one MLP block (24); core renames ``student.dconv_encoder.`` / ``pipeline.`` on load."""
+    from comfy.ldm.mage_flow import vae as mv
+    with torch.device("meta"):
+        m = mv.MageVAE()
+    m.dconv_encoder = mv.DConvEncoder(hidden_size=64, num_blocks=1, head_size=64, num_head_blocks=1)
+    m.decoder_model = mv.DConvDenoiser(hidden_size=64, hidden_size_x=16, num_blocks=2, num_cond_blocks=1)
+    m.to_empty(device="cpu")
+    _tiny(m, 18)
+    gen = torch.Generator().manual_seed(models.SEED + 218)
+    with torch.no_grad():  # fan-in scaled weights: at std 0.02 the decoded image is flat grey (std 0.012)
+        for mod in m.modules():
+            if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)):
+                mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * MAGE_GAIN / mod.weight[0].numel() ** 0.5)
+    return detected(m, trigger={"student.dconv_encoder.proj_out.weight": [256, 384, 1, 1]})
+
+
 @dataclass(frozen=True)
 class Entry:
     build: Callable[[], object]
@@ -395,6 +419,7 @@ ZOO: dict[str, Entry] = {
     "taesd": Entry(taesd, False, "comfy.taesd.taesd:TAESD"),
     "taehv": Entry(taehv, True, "comfy.taesd.taehv:TAEHV"),
     "seedvr2": Entry(seedvr2, True, "comfy.ldm.seedvr.vae:VideoAutoencoderKLWrapper"),
+    "mage_vae": Entry(mage, False, "comfy.ldm.mage_flow.vae:MageVAE"),
     "ltx24": Entry(ltx24, True, "comfy.ldm.lightricks.vae.na_diffusion_decoder:CausalDiffusionVAE"),
 }
 
