@@ -401,4 +401,4 @@ def test_ltx24_diffusion_decoder_decodes_with_vae_decode(ci):
         planned = ci.memory_plan_io.planned_vae(vae, tile).decode(z)  # Memory Plan's VAE: the same, no recursion
     assert info["deferred_to_core"] and "noise" in info["deferred_why"] and torch.equal(ours, ref)
     assert torch.equal(_flat(planned), ref) and "noise" in format_info(info)
-    assert ci.tiled_vae_io.deferral(vae, "encode") is None
+    assert ci.vae_defer.deferral(vae, "encode") is None

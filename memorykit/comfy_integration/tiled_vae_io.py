@@ -13,6 +13,7 @@ from ..global_context import GlobalContextMismatch
 from ..norm_stats import SharedGroupNormStats
 from . import vae_context
 from .compat import patcher_free_memory
+from .vae_defer import deferral, run_deferred
 from .vae_time import carried_decode, time_mode
 
 
@@ -309,42 +310,6 @@ def carry_chunk(shape: tv.VAEShape, opts: TiledVAEOptions) -> int:
     return max(1, (opts.temporal_size - 1) // k + 1 if shape.causal_time else opts.temporal_size // k)
 
 
-def deferral(vae, direction: str) -> str | None:
-    """Why ``vae`` is not tiled from outside in ``direction`` (then :func:`_deferred` runs VAE
-    Decode/Encode itself), or None:
-
-    - core's ``handles_tiling`` (MiniMax-H3's and SeedVR2's video VAEs tile inside the model;
-      their own tiling is what their authors tuned, tiling again from outside only adds seams);
-    - LTX 2.4's diffusion decoder (``na_diffusion_decoder.CausalDiffusionVAE``, decode only):
-      one denoising step from noise drawn with seed 0 in the shape of the call's output, so a
-      tile gets other noise than its region of the whole frame — tiled decodes disagree with
-      the untiled one by more than its own variation (zoo, 0.33.0: ours 1.21, core's VAE Decode
-      (Tiled) 1.26; seed 0 vs seed 1 untiled: 1.29; the tile's stage-1..4 context alone 0.004).
-      Its encoder is LTX-Video's and tiles."""
-    if getattr(vae, "handles_tiling", False):
-        return "the VAE's own tiling (handles_tiling)"
-    m = vae.first_stage_model
-    if direction == "decode" and type(m).__name__ == "CausalDiffusionVAE" and type(m).__module__.endswith("na_diffusion_decoder"):
-        return ("VAE Decode: LTX 2.4's diffusion decoder draws its noise for the whole frame; "
-                "a tile would get other noise (tiled decodes differ from VAE Decode by more than the image varies)")
-    return None
-
-
-def _deferred(vae, direction: str, x: torch.Tensor, why: str = "the VAE's own tiling (handles_tiling)") -> tuple[torch.Tensor, dict]:
-    """VAE Decode/Encode itself, for a VAE that is not tiled from outside (:func:`deferral` says
-    why: ``why``, the info dict's ``time`` and ``deferred_why``). The info dict says so
-    (``deferred_to_core``)."""
-    t0 = time.perf_counter()
-    out = vae.decode(x) if direction == "decode" else vae.encode(x)
-    if direction == "decode" and out.ndim == 5:
-        out = out.reshape((-1,) + tuple(out.shape[-3:]))
-    info = {"direction": direction, "vae": type(vae.first_stage_model).__name__, "deferred_to_core": True,
-            "input_shape": list(x.shape), "output_shape": list(out.shape), "items": int(x.shape[0]),
-            "tiles_per_item": 1, "global_context": "off", "shared_norm_stats": False,
-            "time": why, "deferred_why": why, "seconds": round(time.perf_counter() - t0, 3)}
-    return out, info
-
-
 def planned_options(vae, opts: TiledVAEOptions) -> TiledVAEOptions:
     """``opts`` with the tile capped at the one Memory Plan chose for ``vae`` (a VAE from its VAE
     output carries ``memorykit_tile_px``), unless a ``memory_budget_gb`` of the node's own decides."""
@@ -367,7 +332,7 @@ def tiled_vae_decode(vae, samples: torch.Tensor, opts: TiledVAEOptions) -> tuple
     vae.throw_exception_if_invalid()
     why = deferral(vae, "decode")
     if why:
-        return _deferred(vae, "decode", samples, why)
+        return run_deferred(vae, "decode", samples, why)
     opts = planned_options(vae, opts)
     shape = vae_shape(vae, "decode")
     want = 5 if shape.video else 4
@@ -407,7 +372,7 @@ def tiled_vae_encode(vae, pixels: torch.Tensor, opts: TiledVAEOptions) -> tuple[
     vae.throw_exception_if_invalid()
     why = deferral(vae, "encode")
     if why:
-        return _deferred(vae, "encode", pixels, why)
+        return run_deferred(vae, "encode", pixels, why)
     opts = planned_options(vae, opts)
     shape = vae_shape(vae, "encode")
     if pixels.ndim != 4 or pixels.shape[-1] < 3:

@@ -5,10 +5,12 @@ state dict (image and video), built from core's own classes with random finite w
 Two ways in, both through ``comfy.sd.VAE(sd=...)``:
 
 - **read from the state dict** (Wan 2.1 and its 4-channel RGBA variant, Qwen-Image's VAE = Wan
-  2.1's detection, LTX-Video from the ``config`` metadata): the tiny model's own state dict is
+  2.1's detection, LTX-Video and LTX 2.4 from the ``config`` metadata, TAESD, TAEHV — the last two
+  core's full-size models, already small): the tiny model's own state dict is
   handed to ``comfy.sd.VAE`` and core builds the model from it — nothing else involved.
 - **fixed config in core** (SD/SDXL, the 16-channel Flux/SD3 VAE, Flux 2's, Wan 2.2, HunyuanVideo,
-  HunyuanVideo 1.5, Mochi, Cosmos, MiniMax-H3): core's detection always builds the full-size
+  HunyuanVideo 1.5, Mochi, Cosmos, MiniMax-H3, HunyuanImage 2.1, CogVideoX, SeedVR2, Mage-VAE):
+  core's detection always builds the full-size
   model, far too slow for CPU tests. :func:`detected` runs core's detection on the tiny state
   dict's keys with the model on the ``meta`` device (no memory, no weights; where core reads a
   shape that the tiny model does not have, the full-size shape from core's own size-mismatch
@@ -338,16 +340,16 @@ LTX24_CONFIG = {
                            ["res_x", {"num_layers": 1}]]},
     "decoder": {"in_channels": 128, "out_channels": 3, "patch_size": 4, "head_dim": 16,
                 "stage_channels": [128, 64, 32, 32, 16], "stage_depths": [1, 1, 1, 1, 1],
-                "stage_kernels": [[3, 7, 7], [3, 7, 7], [3, 5, 5], [3, 5, 5], [3, 5, 5]],
+                "stage_kernels": [[3, 7, 7], [3, 7, 7], [3, 5, 5], [3, 5, 5], [3, 3, 3]],
                 "upsamples": [[[1, 2, 2], 2], [[2, 1, 1], 2], [[2, 2, 2], 1], [[2, 2, 2], 2]],
-                "stage5_kernel": [3, 5, 5], "timestep_scale_multiplier": 1000.0, "default_num_inference_steps": 1},
+                "stage5_kernel": [3, 3, 3], "timestep_scale_multiplier": 1000.0, "default_num_inference_steps": 1},
 }
 
 
 def ltx24():
     """LTX 2.4's VAE (LTX-Video's conv encoder + the one-step diffusion decoder with
     neighbourhood attention, ``CausalDiffusionVAE``) from its ``config`` metadata, 16-128 wide,
-    one block per stage, stage-5 window 3×5×5 (the file's: 11³)."""
+    one block per stage, stage-5 window 3³ (the file's: 11³)."""
     from comfy.ldm.lightricks.vae.na_diffusion_decoder import CausalDiffusionVAE
     m = _ltxv_stats(_tiny(CausalDiffusionVAE(config=LTX24_CONFIG), 17))
     return from_state_dict(m, metadata={"config": json.dumps({"vae": LTX24_CONFIG})})
