@@ -355,7 +355,14 @@ def ltx24():
     return from_state_dict(m, metadata={"config": json.dumps({"vae": LTX24_CONFIG})})
 
 
-MAGE_GAIN = 1.0
+def _fan_in(module: torch.nn.Module, seed: int, gain: float = 1.0) -> torch.nn.Module:
+    """Every Conv2d/Linear weight of std ``gain / sqrt(fan_in)`` (biases as they are)."""
+    gen = torch.Generator().manual_seed(models.SEED + 200 + seed)
+    with torch.no_grad():
+        for mod in module.modules():
+            if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)):
+                mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * gain / mod.weight[0].numel() ** 0.5)
+    return module
 
 
 def mage():
@@ -369,12 +376,25 @@ def mage():
     m.decoder_model = mv.DConvDenoiser(hidden_size=64, hidden_size_x=16, num_blocks=2, num_cond_blocks=1)
     m.to_empty(device="cpu")
     _tiny(m, 18)
-    gen = torch.Generator().manual_seed(models.SEED + 218)
-    with torch.no_grad():  # fan-in scaled weights: at std 0.02 the decoded image is flat grey (std 0.012)
-        for mod in m.modules():
-            if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)):
-                mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * MAGE_GAIN / mod.weight[0].numel() ** 0.5)
+    _fan_in(m, 18)  # at std 0.02 the decoded image is flat grey (std 0.012)
     return detected(m, trigger={"student.dconv_encoder.proj_out.weight": [256, 384, 1, 1]})
+
+
+def stage_a():
+    """Stable Cascade's stage A (VQGAN, 4 channels, 4×) 64 wide with one bottleneck block (core
+    fixes 384 and 12) and a 16-entry codebook (unused: Tiled VAE encodes unquantized, as core)."""
+    from comfy.ldm.cascade.stage_a import StageA
+    m = _fan_in(_tiny(StageA(bottleneck_blocks=1, c_hidden=64, codebook_size=16), 19), 19)  # std 0.02: 0.014 out
+    for b in m.modules():
+        if isinstance(b, torch.nn.BatchNorm2d):
+            b.running_var.abs_().add_(1.0)  # a variance: positive
+    return detected(m)
+
+
+def pixel_space():
+    """Core's pixel-space "VAE" (``PixelspaceConversionVAE``: identity, 3 channels, 1×)."""
+    import comfy.pixel_space_convert
+    return from_state_dict(comfy.pixel_space_convert.PixelspaceConversionVAE())
 
 
 @dataclass(frozen=True)
@@ -421,6 +441,8 @@ ZOO: dict[str, Entry] = {
     "taesd": Entry(taesd, False, "comfy.taesd.taesd:TAESD"),
     "taehv": Entry(taehv, True, "comfy.taesd.taehv:TAEHV"),
     "seedvr2": Entry(seedvr2, True, "comfy.ldm.seedvr.vae:VideoAutoencoderKLWrapper"),
+    "stage_a": Entry(stage_a, False, "comfy.ldm.cascade.stage_a:StageA"),
+    "pixel_space": Entry(pixel_space, False, "comfy.pixel_space_convert:PixelspaceConversionVAE"),
     "mage_vae": Entry(mage, False, "comfy.ldm.mage_flow.vae:MageVAE"),
     "ltx24": Entry(ltx24, True, "comfy.ldm.lightricks.vae.na_diffusion_decoder:CausalDiffusionVAE"),
 }
