@@ -76,7 +76,8 @@ def _mage_heads(model) -> list[tuple]:
     (``decoder_model.y_embedder.decoder``, the CoD decoder: convolutions, GroupNorms and attention
     in windows of 32 latent pixels, all at the latent resolution), whose output conditions the
     one-step pixel denoiser. A ``stop`` head: ``MageVAE.decode`` sizes the denoiser's input from
-    the latent, so the capture run cannot go on with a 1×1 stand-in."""
+    the latent, so the capture run cannot go on with a 1×1 stand-in. Zoo decode (0.33.0): 0.008
+    of core's error (0.0044 vs 0.540); without it 1.06 (0.572, feather 1.0)."""
     mod = sys.modules.get("comfy.ldm.mage_flow.vae")
     if mod is None or type(model) is not getattr(mod, "MageVAE", None):
         return []
@@ -88,7 +89,8 @@ def _hunyuan_image_heads(dec) -> list[tuple]:
     """HunyuanImage 2.1's 2-D decoder (``comfy.ldm.hunyuan_video.vae.Decoder``: conv_in, middle
     block with attention over all latent positions, then the stages ``up[0..]`` lowest
     resolution first, each but the last ending in a 2× ``PixelUnshuffle2D``): after the first
-    stage's upsampler (scale 2), else the middle block."""
+    stage's upsampler (scale 2), else the middle block. Zoo decode (0.33.0 and 0.3.75): 0.27 of
+    core's error (0.099 vs 0.369); without it 0.76 (0.279, feather 1.0)."""
     import comfy.ldm.hunyuan_video.vae as hyi
     if type(dec) is not hyi.Decoder:
         return []
@@ -98,7 +100,8 @@ def _hunyuan_image_heads(dec) -> list[tuple]:
 
 def _hunyuan_image_tails(enc) -> list[tuple]:
     """HunyuanImage 2.1's 2-D encoder (``comfy.ldm.hunyuan_video.vae.Encoder``): the input of its
-    last ``PixelShuffle2D`` downsampler (scale 2), else of the middle block (scale 1)."""
+    last ``PixelShuffle2D`` downsampler (scale 2), else of the middle block (scale 1). Zoo encode
+    (both cores): 0.33 of core's error (0.233 vs 0.705); without it 0.83 (0.586)."""
     import comfy.ldm.hunyuan_video.vae as hyi
     if type(enc) is not hyi.Encoder:
         return []
