@@ -344,8 +344,9 @@ def fit_tile(grid_hw: tuple[int, int], cost: TileCost, budget_bytes: float,
 def format_info(info: dict) -> str:
     """One-screen summary of the info dict the ComfyUI integration returns (figures in GiB)."""
     if info.get("deferred_to_core"):
-        return (f"Tiled VAE {info['direction']}: {info['vae']} tiles itself (handles_tiling); ran VAE "
-                f"{info['direction'].capitalize()} with its own tiling; {info['seconds']} s")
+        why = info.get("deferred_why", "the VAE's own tiling (handles_tiling)")
+        return (f"Tiled VAE {info['direction']}: {info['vae']} not tiled from outside, ran VAE "
+                f"{info['direction'].capitalize()} itself ({why}); {info['seconds']} s")
     p = info["plan"]
     gib = 2 ** 30
     lines = [

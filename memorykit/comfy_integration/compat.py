@@ -179,6 +179,31 @@ def core_carries_time(coder) -> bool:
     return False
 
 
+def core_model_carries_time(model) -> bool:
+    """True when a video VAE's model (``first_stage_model``) itself runs time in causal chunks
+    or frame by frame inside its ``encode``/``decode``, so that a whole-length call costs a few
+    frames' memory (at one tile's size) and time need not be cut from outside:
+
+    - CogVideoX's ``AutoencoderKLCogVideoX`` (comfy/ldm/cogvideo/vae.py, 0.33+): ``encode`` runs
+      chunks of ``num_sample_frames_batch_size`` frames carrying each causal conv's ``conv_cache``;
+      ``decode`` is ``_decode_rolling`` (the low-resolution layers on all frames, the rest in
+      chunks of 4 frames with the cache). Its decoder maps n latent frames to 4n − 3 frames only
+      for odd n (2 → 8): a temporal tile of 2 latent frames cannot be placed at all.
+    - TAEHV / taew / lighttae (``comfy.taesd.taehv.TAEHV``) with ``parallel`` off (core's
+      choice): ``apply_model_with_memblocks`` runs one frame at a time, each ``MemBlock`` keeping
+      the previous frame's input.
+
+    Reads those private names; ``tests/test_vae_zoo.py::test_core_time_carry_detection_follows_core``
+    fails when they change."""
+    import sys
+    name, mod = type(model).__name__, type(model).__module__
+    if name == "AutoencoderKLCogVideoX" and mod.endswith("cogvideo.vae"):
+        return hasattr(model, "_decode_rolling") and hasattr(model, "num_sample_frames_batch_size")
+    if name == "TAEHV" and mod.endswith("taesd.taehv"):
+        return getattr(model, "parallel", True) is False and hasattr(sys.modules.get(mod), "apply_model_with_memblocks")
+    return False
+
+
 def core_fp8_format(storage_dtype: torch.dtype) -> tuple[str, str] | None:
     """``(quant_format, layout)`` of core's own quantized float8 weights for ``storage_dtype``,
     or None when this ComfyUI cannot hold such weights.

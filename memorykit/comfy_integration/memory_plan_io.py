@@ -256,7 +256,8 @@ class PlannedVAE:
     ``decode``/``encode`` run Tiled VAE Decode/Encode's own tiling (:mod:`.tiled_vae_io`: seams
     blended, the VAE's causal time cache and shared statistics kept) at the planned tile, so a
     plain VAE Decode downstream tiles as planned; a Tiled VAE Decode/Encode downstream caps its
-    ``tile_size`` at it. A VAE that tiles itself (``handles_tiling``) decodes as before."""
+    ``tile_size`` at it. A VAE that Tiled VAE does not tile (``vae_defer.deferral``: it tiles
+    itself, or LTX 2.4's diffusion decoder) decodes/encodes as before."""
 
     memorykit_tile_px: int = 512
     memorykit_overlap_px: int = 64
@@ -266,7 +267,8 @@ class PlannedVAE:
         return TiledVAEOptions(tile_px=self.memorykit_tile_px, overlap_px=self.memorykit_overlap_px)
 
     def decode(self, samples_in, *args, **kwargs):
-        if getattr(self, "handles_tiling", False):
+        from .vae_defer import deferral
+        if deferral(self, "decode"):
             return super().decode(samples_in, *args, **kwargs)
         from .tiled_vae_io import tiled_vae_decode
         images, _ = tiled_vae_decode(self, samples_in, self._planned_options())
@@ -275,7 +277,8 @@ class PlannedVAE:
         return images
 
     def encode(self, pixel_samples, *args, **kwargs):
-        if getattr(self, "handles_tiling", False):
+        from .vae_defer import deferral
+        if deferral(self, "encode"):
             return super().encode(pixel_samples, *args, **kwargs)
         from .tiled_vae_io import tiled_vae_encode
         return tiled_vae_encode(self, pixel_samples, self._planned_options())[0]

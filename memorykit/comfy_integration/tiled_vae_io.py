@@ -13,6 +13,7 @@ from ..global_context import GlobalContextMismatch
 from ..norm_stats import SharedGroupNormStats
 from . import vae_context
 from .compat import patcher_free_memory
+from .vae_defer import deferral, run_deferred
 from .vae_time import carried_decode, carried_encode, time_mode
 
 
@@ -67,7 +68,8 @@ def _frame_spanning_groupnorm(vae) -> bool:
     return type(getattr(m, "decoder", None)) is Decoder and type(getattr(m, "encoder", None)) is Encoder
 
 
-def blend_rule(vae, shape: tv.VAEShape, time_cut: bool = True, context: bool = True) -> tuple[float, bool]:
+def blend_rule(vae, shape: tv.VAEShape, time_cut: bool = True, context: bool = True,
+               direction: str = "decode") -> tuple[float, bool]:
     """(feather, shared GroupNorm statistics allowed) for this VAE — chosen by its structure;
     ``context``: a global head/tail will run (the choice is made again without it when none fits
     or it does not fit the tiles).
@@ -99,15 +101,51 @@ def blend_rule(vae, shape: tv.VAEShape, time_cut: bool = True, context: bool = T
     0.162 (core 0.285), spatial-only encode 0.051 → 0.048 (core 0.057); issue 25: Mochi
     spatial-only decode 0.51 with stats, 0.27 without (core 0.29), Cosmos spatial-only encode
     0.105 at feather 0.25, core 0.076.
+
+    HunyuanImage 2.1 (``hunyuan_video.vae`` 2-D Encoder/Decoder, 32×): feather 0.25 with its
+    global head/tail, 1.0 without (0.33.0 zoo, ours/core at 0.25 → 1.0: with context decode
+    0.099 → 0.098, encode 0.233 → 0.247; without decode 0.316 → 0.279, encode 0.652 → 0.586;
+    core 0.369 / 0.705). CogVideoX (time never cut: its own chunks, ``vae_time``): feather 1.0
+    and shared statistics — its GroupNorms run per chunk of frames, the same chunks in the
+    statistics pre-pass (same length) as in every tile (0.33.0 zoo, decode 0.343 → 0.204 with
+    statistics, 0.209 at 0.25; encode 0.932 → 0.863, 0.957 at 0.25; core 0.836 / 1.050).
+    TAESD and TAEHV (no norms): the defaults, within 3 % of the other feather either way.
+    Mage-VAE: no shared statistics (its GroupNorms sit in the conditioning decoder, whose
+    windowed attention sees another image in the downsampled pre-pass), feather 0.25 with its
+    global head, decoding without it 1.0 (0.33.0 zoo decode: with the head 0.0044 at 0.25, 0.0070 at 1.0;
+    without it 0.872 with statistics at 0.25, 0.610 without, 0.572 at 1.0 — core 0.540: the one
+    case here worse than core's, see docs/tiled-vae.md; encode 0.031 at 0.25, 0.049 at 1.0, core 0.072).
     """
     from .vae_time import _is_wan
     if not shape.video:
-        return tv.DEFAULT_FEATHER, True
+        if _mage(vae):
+            return (1.0 if direction == "decode" and not context else tv.DEFAULT_FEATHER), False
+        return (1.0 if not context and _hunyuan_image(vae) else tv.DEFAULT_FEATHER), True
     if not time_cut and (_is_wan(vae.first_stage_model) or _frame_spanning_groupnorm(vae)):
         return tv.DEFAULT_FEATHER, True
+    if not time_cut and _cogvideox(vae):
+        return 1.0, True
     if not time_cut and context and _seam_centred_with_context(vae):
         return tv.DEFAULT_FEATHER, False
     return 1.0, False
+
+
+def _hunyuan_image(vae) -> bool:
+    """HunyuanImage 2.1's VAE (``comfy.ldm.hunyuan_video.vae`` Decoder; see :func:`blend_rule`)."""
+    import comfy.ldm.hunyuan_video.vae as hyi
+    return type(getattr(vae.first_stage_model, "decoder", None)) is hyi.Decoder
+
+
+def _mage(vae) -> bool:
+    """Mage-VAE (``comfy.ldm.mage_flow.vae.MageVAE``, 0.33+; see :func:`blend_rule`)."""
+    m = vae.first_stage_model
+    return type(m).__name__ == "MageVAE" and type(m).__module__.endswith("mage_flow.vae")
+
+
+def _cogvideox(vae) -> bool:
+    """CogVideoX's VAE (``comfy.ldm.cogvideo.vae``, 0.33+; see :func:`blend_rule`)."""
+    m = vae.first_stage_model
+    return type(m).__name__ == "AutoencoderKLCogVideoX" and type(m).__module__.endswith("cogvideo.vae")
 
 
 def _seam_centred_with_context(vae) -> bool:
@@ -157,7 +195,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     temporal = (opts.temporal_size, opts.temporal_overlap) if shape.video and not shape.time_cache else (1, 0)
     plan = tv.make_plan(shape, direction, dims, opts.tile_px, opts.overlap_px, *temporal)
     time_cut = shape.video and len(plan.axes[0].starts) > 1
-    rule_feather, rule_stats = blend_rule(vae, shape, time_cut)
+    rule_feather, rule_stats = blend_rule(vae, shape, time_cut, direction=direction)
     args = (*temporal, rule_feather if opts.feather is None else opts.feather)
     plan = tv.make_plan(shape, direction, dims, opts.tile_px, opts.overlap_px, *args)
     s = shape.spatial_factor
@@ -224,7 +262,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
 
     def replan():  # the blend chosen without a global context
         return tv.make_plan(shape, direction, dims, tile_px, opts.overlap_px, *temporal,
-                            blend_rule(vae, shape, time_cut, context=False)[0])
+                            blend_rule(vae, shape, time_cut, context=False, direction=direction)[0])
 
     if head is None and tail is None and opts.feather is None and plan.num_tiles > 1:
         plan = replan()
@@ -297,22 +335,6 @@ def carry_chunk(shape: tv.VAEShape, opts: TiledVAEOptions) -> int:
     return max(1, (opts.temporal_size - 1) // k + 1 if shape.causal_time else opts.temporal_size // k)
 
 
-def _deferred(vae, direction: str, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """VAE Decode/Encode itself, for a VAE that tiles internally (core's ``handles_tiling``:
-    MiniMax-H3's video VAE, 256 px tiles and 17-frame chunks inside the model, frames 17k+5 ↔
-    latents 5k+2). Its own tiling is what its authors tuned; tiling it again from outside would
-    only add seams. The info dict says so (``deferred_to_core``)."""
-    t0 = time.perf_counter()
-    out = vae.decode(x) if direction == "decode" else vae.encode(x)
-    if direction == "decode" and out.ndim == 5:
-        out = out.reshape((-1,) + tuple(out.shape[-3:]))
-    info = {"direction": direction, "vae": type(vae.first_stage_model).__name__, "deferred_to_core": True,
-            "input_shape": list(x.shape), "output_shape": list(out.shape), "items": int(x.shape[0]),
-            "tiles_per_item": 1, "global_context": "off", "shared_norm_stats": False,
-            "time": "the VAE's own tiling (handles_tiling)", "seconds": round(time.perf_counter() - t0, 3)}
-    return out, info
-
-
 def planned_options(vae, opts: TiledVAEOptions) -> TiledVAEOptions:
     """``opts`` with the tile capped at the one Memory Plan chose for ``vae`` (a VAE from its VAE
     output carries ``memorykit_tile_px``), unless a ``memory_budget_gb`` of the node's own decides."""
@@ -329,11 +351,13 @@ def tiled_vae_decode(vae, samples: torch.Tensor, opts: TiledVAEOptions) -> tuple
     Returns (IMAGE ``[N, H·s, W·s, 3]`` float32 on ComfyUI's intermediate device — video frames
     of all items concatenated as VAEDecode does — and the plan/info dict). Raises ValueError
     before any decoding on a latent that does not fit the VAE or on bad sizes. A VAE that tiles
-    itself (``handles_tiling``) decodes with VAE Decode (see :func:`_deferred`).
+    itself (``handles_tiling``) or cannot be tiled from outside decodes with VAE Decode (see
+    :func:`deferral`).
     """
-    if getattr(vae, "handles_tiling", False):
-        vae.throw_exception_if_invalid()
-        return _deferred(vae, "decode", samples)
+    vae.throw_exception_if_invalid()
+    why = deferral(vae, "decode")
+    if why:
+        return run_deferred(vae, "decode", samples, why)
     opts = planned_options(vae, opts)
     shape = vae_shape(vae, "decode")
     want = 5 if shape.video else 4
@@ -373,11 +397,12 @@ def tiled_vae_encode(vae, pixels: torch.Tensor, opts: TiledVAEOptions) -> tuple[
 
     Pixels are centre-cropped to a multiple of the VAE's compression as VAEEncode does.
     Returns (LATENT samples, info dict). Raises ValueError before any encoding on bad input. A
-    VAE that tiles itself (``handles_tiling``) encodes with VAE Encode (see :func:`_deferred`).
+    VAE that tiles itself (``handles_tiling``) encodes with VAE Encode (see :func:`deferral`).
     """
-    if getattr(vae, "handles_tiling", False):
-        vae.throw_exception_if_invalid()
-        return _deferred(vae, "encode", pixels)
+    vae.throw_exception_if_invalid()
+    why = deferral(vae, "encode")
+    if why:
+        return run_deferred(vae, "encode", pixels, why)
     opts = planned_options(vae, opts)
     shape = vae_shape(vae, "encode")
     if pixels.ndim != 4 or pixels.shape[-1] < 3:

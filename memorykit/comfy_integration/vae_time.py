@@ -4,7 +4,8 @@ Three ways, in order of preference (``time_mode``):
 
 - ``"core"``: the VAE's own classes carry a causal time cache (Wan's ``feat_cache``,
   HunyuanVideo 1.5's chunks; 0.33+'s HunyuanVideo and LTX-Video chunks,
-  :func:`compat.core_carries_time`): time
+  :func:`compat.core_carries_time`; CogVideoX's chunks and TAEHV's frame-by-frame memory blocks,
+  :func:`compat.core_model_carries_time`): time
   is never cut, each spatial tile runs the whole length and the model bounds the memory.
 - ``"carry"``: the pack carries the cache (:class:`memorykit.time_carry.TimeCarry` on the VAE's
   own modules, hooks for one call). Time is not cut by the plan; each tile's decode runs in
@@ -30,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from ..time_carry import Link, TimeCarry
-from .compat import core_carries_time
+from .compat import core_carries_time, core_model_carries_time
 
 
 def _is_wan(model) -> bool:
@@ -165,7 +166,7 @@ def time_mode(vae, direction: str) -> str:
     """``"core"``, ``"carry"`` or ``"tiles"`` for ``vae`` (a ``comfy.sd.VAE`` with 3-D latents) in
     ``direction`` (``"decode"``/``"encode"``); see the module docstring."""
     model = vae.first_stage_model
-    if _is_wan(model):
+    if _is_wan(model) or core_model_carries_time(model):
         return "core"
     coder = getattr(model, "decoder" if direction == "decode" else "encoder", None)
     if core_carries_time(coder):

@@ -5,10 +5,12 @@ state dict (image and video), built from core's own classes with random finite w
 Two ways in, both through ``comfy.sd.VAE(sd=...)``:
 
 - **read from the state dict** (Wan 2.1 and its 4-channel RGBA variant, Qwen-Image's VAE = Wan
-  2.1's detection, LTX-Video from the ``config`` metadata): the tiny model's own state dict is
+  2.1's detection, LTX-Video and LTX 2.4 from the ``config`` metadata, TAESD, TAEHV — the last two
+  core's full-size models, already small): the tiny model's own state dict is
   handed to ``comfy.sd.VAE`` and core builds the model from it — nothing else involved.
 - **fixed config in core** (SD/SDXL, the 16-channel Flux/SD3 VAE, Flux 2's, Wan 2.2, HunyuanVideo,
-  HunyuanVideo 1.5, Mochi, Cosmos, MiniMax-H3): core's detection always builds the full-size
+  HunyuanVideo 1.5, Mochi, Cosmos, MiniMax-H3, HunyuanImage 2.1, CogVideoX, SeedVR2, Mage-VAE):
+  core's detection always builds the full-size
   model, far too slow for CPU tests. :func:`detected` runs core's detection on the tiny state
   dict's keys with the model on the ``meta`` device (no memory, no weights; where core reads a
   shape that the tiny model does not have, the full-size shape from core's own size-mismatch
@@ -83,7 +85,7 @@ def detected(model: torch.nn.Module, trigger: dict | None = None, meta: bool = T
     for _ in range(4):
         try:
             with torch.device("meta") if meta else contextlib.nullcontext():
-                vae = comfy.sd.VAE(sd=sd)
+                vae = comfy.sd.VAE(sd=dict(sd))  # a copy: core renames keys in place (Mage-VAE's prefixes)
             break
         except RuntimeError as e:
             fixes = _MISMATCH.findall(str(e))
@@ -94,6 +96,8 @@ def detected(model: torch.nn.Module, trigger: dict | None = None, meta: bool = T
         raise RuntimeError("core's VAE detection kept reporting size mismatches")
     full = vae.first_stage_model
     for name in ("", "encoder", "decoder"):
+        if name and not hasattr(full, name):  # Mage-VAE: dconv_encoder / decoder_model
+            continue
         a, b = (getattr(m, name) if name else m for m in (full, model))
         assert type(a) is type(b), f"core detected {type(a).__name__} for {name or 'the model'}, the zoo built {type(b).__name__}"
     vae.first_stage_model = model.to(vae.vae_dtype)
@@ -254,6 +258,145 @@ def minimax_h3():
     return detected(m)
 
 
+def hunyuan_image21():
+    """HunyuanImage 2.1's VAE (64 channels, 32× spatial; 2-D ``hunyuan_video.vae`` Encoder/Decoder)
+    with 32-64-128 wide stages (core fixes 128-1024) and one res block per stage."""
+    cfg = {"block_out_channels": [32, 32, 64, 64, 128, 128], "in_channels": 3, "out_channels": 3, "num_res_blocks": 1,
+           "ffactor_spatial": 32, "downsample_match_channel": True, "upsample_match_channel": True, "z_channels": 64}
+    p = "comfy.ldm.hunyuan_video.vae."
+    return detected(_tiny(_engine(p + "Encoder", p + "Decoder", cfg), 12))
+
+
+def cogvideox():
+    """CogVideoX's VAE (16 channels, 8× spatial, 4× time) with stages 32-32-64-64 wide (core
+    fixes 128-512) and one res block per stage (core 3)."""
+    from comfy.ldm.cogvideo.vae import AutoencoderKLCogVideoX
+    return detected(_tiny(AutoencoderKLCogVideoX(block_out_channels=(32, 32, 64, 64), latent_channels=16,
+                                                 layers_per_block=1), 13))
+
+
+TAE_GAIN = 1.0
+
+
+def _scaled_convs(module: torch.nn.Module, gain: float, seed: int) -> torch.nn.Module:
+    """Conv weights of std ``gain / sqrt(fan_in)``, biases 0: TAESD/TAEHV have no norms, and at
+    std 0.02 (:func:`_tiny`) their output is a constant (VAE Decode of TAESD then 0 everywhere)."""
+    gen = torch.Generator().manual_seed(models.SEED + 200 + seed)
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                fan_in = m.weight[0].numel()
+                m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * gain / fan_in ** 0.5)
+                if m.bias is not None:
+                    m.bias.zero_()
+        last = [m for m in module.decoder.modules() if isinstance(m, torch.nn.Conv2d)][-1] if hasattr(module, "decoder") \
+            else [m for m in module.taesd_decoder.modules() if isinstance(m, torch.nn.Conv2d)][-1]
+        last.bias.fill_(0.5)  # decoded pixels around mid-grey, as a real image
+    return module
+
+
+def taesd():
+    """TAESD for SD's 4-channel latent, core's own full-size model (64 wide already) with
+    random weights; core reads the latent channels from the state dict."""
+    from comfy.taesd.taesd import TAESD
+    m = _scaled_convs(_tiny(TAESD(latent_channels=4), 14), TAE_GAIN, 14)
+    m.vae_scale.data.fill_(1.0)
+    m.vae_shift.data.fill_(0.0)
+    return from_state_dict(m)
+
+
+def taehv():
+    """TAEHV / taew2.1 / lighttaew2_1 (16 channels, 8× spatial, 4× time; float32 weights, so
+    core takes it for lighttaew2_1: no latent scaling): core's own full-size model (64-256 wide)."""
+    from comfy.taesd.taehv import TAEHV
+    return from_state_dict(_scaled_convs(_tiny(TAEHV(latent_channels=16), 15), TAE_GAIN, 15))
+
+
+def seedvr2():
+    """SeedVR2's video VAE (16 channels, 8× spatial, 4× time; tiles itself: ``handles_tiling``)
+    with stages 32-32-64-64 wide (the class fixes 128-512) and one res block per stage."""
+    from comfy.ldm.seedvr import vae as sv
+    with torch.device("meta"):
+        m = sv.VideoAutoencoderKLWrapper()
+    kw = dict(block_out_channels=(32, 32, 64, 64), layers_per_block=1, norm_num_groups=32, inflation_mode="pad",
+              time_receptive_field="full")
+    m.encoder = sv.Encoder3D(in_channels=3, out_channels=sv.SEEDVR2_LATENT_CHANNELS, down_block_types=("DownEncoderBlock3D",) * 4,
+                             temporal_down_num=2, **kw)
+    m.decoder = sv.Decoder3D(in_channels=sv.SEEDVR2_LATENT_CHANNELS, out_channels=3, up_block_types=("UpDecoderBlock3D",) * 4,
+                             temporal_up_num=2, **kw)
+    m.to_empty(device="cpu")
+    m.set_memory_limit(sv.BYTEDANCE_VAE_CONV_MEM_GIB, sv.BYTEDANCE_VAE_NORM_MEM_GIB)
+    return detected(_tiny(m, 16))
+
+
+LTX24_CONFIG = {
+    "_class_name": "CausalDiffusionVAE", "dims": 3, "model_output_type": "x0",
+    "encoder": {"dims": 3, "in_channels": 3, "out_channels": 128, "patch_size": 4, "latent_log_var": "constant",
+                "norm_layer": "pixel_norm", "base_channels": 16, "spatial_padding_mode": "zeros",
+                "blocks": [["res_x", {"num_layers": 1}], ["compress_space_res", {"multiplier": 2}],
+                           ["res_x", {"num_layers": 1}], ["compress_time_res", {"multiplier": 2}],
+                           ["res_x", {"num_layers": 1}], ["compress_all_res", {"multiplier": 2}],
+                           ["res_x", {"num_layers": 1}], ["compress_all_res", {"multiplier": 1}],
+                           ["res_x", {"num_layers": 1}]]},
+    "decoder": {"in_channels": 128, "out_channels": 3, "patch_size": 4, "head_dim": 16,
+                "stage_channels": [128, 64, 32, 32, 16], "stage_depths": [1, 1, 1, 1, 1],
+                "stage_kernels": [[3, 7, 7], [3, 7, 7], [3, 5, 5], [3, 5, 5], [3, 3, 3]],
+                "upsamples": [[[1, 2, 2], 2], [[2, 1, 1], 2], [[2, 2, 2], 1], [[2, 2, 2], 2]],
+                "stage5_kernel": [3, 3, 3], "timestep_scale_multiplier": 1000.0, "default_num_inference_steps": 1},
+}
+
+
+def ltx24():
+    """LTX 2.4's VAE (LTX-Video's conv encoder + the one-step diffusion decoder with
+    neighbourhood attention, ``CausalDiffusionVAE``) from its ``config`` metadata, 16-128 wide,
+    one block per stage, stage-5 window 3³ (the file's: 11³)."""
+    from comfy.ldm.lightricks.vae.na_diffusion_decoder import CausalDiffusionVAE
+    m = _ltxv_stats(_tiny(CausalDiffusionVAE(config=LTX24_CONFIG), 17))
+    return from_state_dict(m, metadata={"config": json.dumps({"vae": LTX24_CONFIG})})
+
+
+def _fan_in(module: torch.nn.Module, seed: int, gain: float = 1.0) -> torch.nn.Module:
+    """Every Conv2d/Linear weight of std ``gain / sqrt(fan_in)`` (biases as they are)."""
+    gen = torch.Generator().manual_seed(models.SEED + 200 + seed)
+    with torch.no_grad():
+        for mod in module.modules():
+            if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)):
+                mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * gain / mod.weight[0].numel() ** 0.5)
+    return module
+
+
+def mage():
+    """Mage-VAE (one-step diffusion codec, 128 channels, 16×): encoder 64 wide with one block
+    (the class fixes 384/768 wide, 21 + 2 blocks), denoiser 64 wide with one conditioning block and
+    one MLP block (24); core renames ``student.dconv_encoder.`` / ``pipeline.`` on load."""
+    from comfy.ldm.mage_flow import vae as mv
+    with torch.device("meta"):
+        m = mv.MageVAE()
+    m.dconv_encoder = mv.DConvEncoder(hidden_size=64, num_blocks=1, head_size=64, num_head_blocks=1)
+    m.decoder_model = mv.DConvDenoiser(hidden_size=64, hidden_size_x=16, num_blocks=2, num_cond_blocks=1)
+    m.to_empty(device="cpu")
+    _tiny(m, 18)
+    _fan_in(m, 18)  # at std 0.02 the decoded image is flat grey (std 0.012)
+    return detected(m, trigger={"student.dconv_encoder.proj_out.weight": [256, 384, 1, 1]})
+
+
+def stage_a():
+    """Stable Cascade's stage A (VQGAN, 4 channels, 4×) 64 wide with one bottleneck block (core
+    fixes 384 and 12) and a 16-entry codebook (unused: Tiled VAE encodes unquantized, as core)."""
+    from comfy.ldm.cascade.stage_a import StageA
+    m = _fan_in(_tiny(StageA(bottleneck_blocks=1, c_hidden=64, codebook_size=16), 19), 19)  # std 0.02: 0.014 out
+    for b in m.modules():
+        if isinstance(b, torch.nn.BatchNorm2d):
+            b.running_var.abs_().add_(1.0)  # a variance: positive
+    return detected(m)
+
+
+def pixel_space():
+    """Core's pixel-space "VAE" (``PixelspaceConversionVAE``: identity, 3 channels, 1×)."""
+    import comfy.pixel_space_convert
+    return from_state_dict(comfy.pixel_space_convert.PixelspaceConversionVAE())
+
+
 @dataclass(frozen=True)
 class Entry:
     build: Callable[[], object]
@@ -293,6 +436,15 @@ ZOO: dict[str, Entry] = {
     "mochi": Entry(mochi, True),
     "cosmos": Entry(cosmos, True),
     "minimax_h3": Entry(minimax_h3, True, "comfy.ldm.minimax.vae:MiniMaxH3VideoVAE"),
+    "hunyuan_image21": Entry(hunyuan_image21, False, "comfy.ldm.hunyuan_video.vae:Decoder"),
+    "cogvideox": Entry(cogvideox, True, "comfy.ldm.cogvideo.vae:AutoencoderKLCogVideoX"),
+    "taesd": Entry(taesd, False, "comfy.taesd.taesd:TAESD"),
+    "taehv": Entry(taehv, True, "comfy.taesd.taehv:TAEHV"),
+    "seedvr2": Entry(seedvr2, True, "comfy.ldm.seedvr.vae:VideoAutoencoderKLWrapper"),
+    "stage_a": Entry(stage_a, False, "comfy.ldm.cascade.stage_a:StageA"),
+    "pixel_space": Entry(pixel_space, False, "comfy.pixel_space_convert:PixelspaceConversionVAE"),
+    "mage_vae": Entry(mage, False, "comfy.ldm.mage_flow.vae:MageVAE"),
+    "ltx24": Entry(ltx24, True, "comfy.ldm.lightricks.vae.na_diffusion_decoder:CausalDiffusionVAE"),
 }
 
 
