@@ -104,12 +104,8 @@ def hunyuan_decoder_links(decoder) -> list[Link] | None:
                     return None
                 inner.add(m.conv)
             links.append(Link(m, 1 + (c + 1) // 2, 2, 1))
-        elif isinstance(m, sdm.VideoConv3d) and m not in inner:
-            c = _conv_context(m)
-            if c is None:
-                return None
-            if c > 0:
-                links.append(Link(m, c))
+        elif isinstance(m, sdm.VideoConv3d) and m not in inner and not _add_conv_link(m, links):
+            return None
     return links
 
 
@@ -140,13 +136,20 @@ def hunyuan_encoder_links(encoder) -> list[Link] | None:
                 return None
             inner.add(conv)
             links.append(Link(m, 2) if st == 1 else Link(m, 1))  # stride 2: see Link
-        elif isinstance(m, sdm.VideoConv3d) and m not in inner:
-            c = _conv_context(m)
-            if c is None:
-                return None
-            if c > 0:
-                links.append(Link(m, c))
+        elif isinstance(m, sdm.VideoConv3d) and m not in inner and not _add_conv_link(m, links):
+            return None
     return links
+
+
+def _add_conv_link(m, links: list[Link]) -> bool:
+    """Append the :class:`Link` of causal ``VideoConv3d`` ``m`` (none for a time kernel of 1);
+    False where ``m`` is not causal with time stride and dilation 1 (no carry possible)."""
+    c = _conv_context(m)
+    if c is None:
+        return False
+    if c > 0:
+        links.append(Link(m, c))
+    return True
 
 
 def _conv_context(m) -> int | None:
