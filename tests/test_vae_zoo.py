@@ -222,6 +222,18 @@ def _hooks(module) -> int:
     return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in module.modules())
 
 
+def _interrupt_leaves_no_hook(module, run) -> None:
+    """``run(on_chunk)`` interrupted from its chunk callback (as ComfyUI's interrupt does) raises
+    and leaves no hook on ``module`` (none before either)."""
+    before = _hooks(module)
+
+    def stop():
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        run(stop)
+    assert _hooks(module) == before == 0
+
+
 def test_carried_time_cache_is_exact_and_leaves_no_hook(ci):
     """Mochi's decoder run in chunks of 1 and 2 latent frames with the carried time cache
     (``memorykit.time_carry``) equals the whole decode (float rounding); an error in the middle
@@ -240,13 +252,7 @@ def test_carried_time_cache_is_exact_and_leaves_no_hook(ci):
             assert out.shape == ref.shape and rel_err(out, ref) < 1e-5, (chunk, rel_err(out, ref))
         plain = torch.cat([dec(z[:, :, :2]), dec(z[:, :, 2:])], 2)
         assert plain.shape != ref.shape or rel_err(plain, ref) > 1e-3  # what the carry fixes
-        before = _hooks(dec)
-
-        def stop():
-            raise KeyboardInterrupt
-        with pytest.raises(KeyboardInterrupt):
-            TimeCarry(links).run(dec, z, 2, on_chunk=stop)
-    assert _hooks(dec) == before == 0
+        _interrupt_leaves_no_hook(dec, lambda stop: TimeCarry(links).run(dec, z, 2, on_chunk=stop))
     # time is not cut on this path: temporal_overlap is ignored, as its tooltip says (a temporal_size
     # no larger than it was refused here before: "temporal_overlap (8 frames) must be >= 0 and smaller than
     # temporal_size (8 frames)")
@@ -296,13 +302,7 @@ def test_hunyuan_carried_chunks_with_whole_length_context_are_exact_and_leave_no
                 assert out.shape == ref.shape and rel_err(out, ref) < 1e-5, (chunk, head, rel_err(out, ref))
         assert rel_err(chunked(2, head=None), ref) > 1e-2  # the mid-block attention over time
         assert rel_err(chunked(2, stats=False), ref) > 1e-2  # the GroupNorms over time
-        before = _hooks(dec)
-
-        def stop():
-            raise KeyboardInterrupt
-        with pytest.raises(KeyboardInterrupt):
-            chunked(2, on_chunk=stop)
-    assert _hooks(dec) == before == 0
+        _interrupt_leaves_no_hook(dec, lambda stop: chunked(2, on_chunk=stop))
     opts = ci.TiledVAEOptions(tile_px=16, overlap_px=8, temporal_size=4, temporal_overlap=0, global_context=False)
     with torch.inference_mode():
         out, info = ci.tiled_vae_decode(vae, z, opts)
@@ -349,13 +349,7 @@ def test_hunyuan_carried_encode_with_whole_length_tail_is_exact_and_leaves_no_ho
                 assert out.shape == ref.shape and rel_err(out, ref) < 1e-5, (m, tail, rel_err(out, ref))
         assert rel_err(chunked(2, tail=None), ref) > 1e-4  # the mid-block attention over time (0.0016)
         assert rel_err(chunked(2, stats=False), ref) > 1e-2  # the GroupNorms over time
-        before = _hooks(enc)
-
-        def stop():
-            raise KeyboardInterrupt
-        with pytest.raises(KeyboardInterrupt):
-            chunked(2, on_chunk=stop)
-    assert _hooks(enc) == before == 0
+        _interrupt_leaves_no_hook(enc, lambda stop: chunked(2, on_chunk=stop))
     opts = ci.TiledVAEOptions(tile_px=16, overlap_px=8, temporal_size=4, temporal_overlap=0, global_context=False)
     with torch.inference_mode():
         out, info = ci.tiled_vae_encode(vae, px[0].movedim(0, -1) * 0.5 + 0.5, opts)
