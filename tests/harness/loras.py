@@ -59,7 +59,7 @@ def make_sd15_lora(path: Path, seed: int = 4242, delta_std: float = 1e-3, target
         sd[f"{key}.lora_up.weight"] = torch.randn((out_ch, RANK) + (1,) * len(kernel), generator=gen) * std
         sd[f"{key}.alpha"] = torch.tensor(float(RANK))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
+    tmp = path.with_name(path.name + f".{os.getpid()}.partial")
     save_file(sd, str(tmp))
     os.replace(tmp, path)
 

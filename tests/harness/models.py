@@ -54,7 +54,7 @@ def randomize_(module: torch.nn.Module, seed: int = SEED, std: float = 0.02) -> 
 def _save(sd: dict[str, torch.Tensor], path: Path, metadata: dict | None = None) -> None:
     from safetensors.torch import save_file
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
+    tmp = path.with_name(path.name + f".{os.getpid()}.partial")
     save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp), metadata=metadata)
     os.replace(tmp, path)
 
@@ -181,7 +181,7 @@ def make_flux(single_path: Path, sharded_dir: Path) -> None:
     del m
     _save(sd, single_path)
     dsd = flux_comfy_to_diffusers(sd, FLUX_PARAMS)
-    tmp = sharded_dir.with_name(sharded_dir.name + ".partial")
+    tmp = sharded_dir.with_name(sharded_dir.name + f".{os.getpid()}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_torch_state_dict(dsd, str(tmp), filename_pattern="diffusion_pytorch_model{suffix}.safetensors",

@@ -33,7 +33,7 @@ def _part(sd: dict, prefix: str, new_prefix: str = "") -> dict:
 
 def _save_folder(sd: dict, folder: Path, max_shard_size: str) -> None:
     from huggingface_hub import save_torch_state_dict
-    tmp = folder.with_name(folder.name + ".partial")
+    tmp = folder.with_name(folder.name + f".{os.getpid()}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_torch_state_dict(sd, str(tmp), max_shard_size=max_shard_size)  # model-0000i-of-0000N + index
@@ -44,7 +44,7 @@ def _save_folder(sd: dict, folder: Path, max_shard_size: str) -> None:
 def _save_file(sd: dict, path: Path) -> None:
     from safetensors.torch import save_file
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
+    tmp = path.with_name(path.name + f".{os.getpid()}.partial")
     save_file(sd, str(tmp))
     os.replace(tmp, path)
 
