@@ -76,6 +76,7 @@ class _Group:
     start: int = -1
     ready: object = None
     done: object = None
+    inference: list[bool] = field(default_factory=list)  # per tensor: an inference tensor before apply
 
 
 def _view(buf: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
@@ -140,7 +141,8 @@ class EventRing:
                     raise ValueError(f"event-ring streaming needs plain CPU tensors; found a {type(t.data).__name__} "
                                      f"on {t.device}")
             offsets, total = packed_layout(tensors)
-            self.groups.append(_Group(i, list(mods), tensors, offsets, total))
+            self.groups.append(_Group(i, list(mods), tensors, offsets, total,
+                                      inference=[t.is_inference() for t in tensors]))
         largest = max((g.nbytes for g in self.groups), default=0)
         if ring_bytes < largest:
             raise ValueError(f"ring of {ring_bytes} bytes is smaller than the largest group ({largest} bytes)")
@@ -220,8 +222,16 @@ class EventRing:
             h.remove()
         self._hooks.clear()
         for g in self.groups:
-            for t, host in zip(g.tensors, g.host):
-                t.data = torch.empty_like(host, device="cpu").copy_(host) if g.buffer is not None else host
+            for t, host, inf in zip(g.tensors, g.host, g.inference or [False] * len(g.tensors)):
+                if g.buffer is None:
+                    t.data = host
+                    continue
+                # an inference tensor (loaded inside ComfyUI's inference mode) gets one back: core's
+                # quantized layers rebuild their Parameters from it in inference mode
+                with torch.inference_mode(inf):
+                    own = torch.empty_like(host, device="cpu")
+                    own.copy_(host)
+                t.data = own
             g.host, g.dev, g.state = [], [], HOST
             if g.locked_ptr is not None:
                 if not cuda_ok(torch.cuda.cudart().cudaHostUnregister(g.locked_ptr)):

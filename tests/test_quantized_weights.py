@@ -1,0 +1,186 @@
+"""Quantized checkpoints (Comfy-Org's ``*_fp8_scaled``: legacy ``scaled_fp8`` and per-layer
+``comfy_quant`` "mixed", e4m3 and e5m2) loaded by core's Load Diffusion Model, through Group
+Offload, Balanced Device Map, FP8 Layerwise Cast and LoRA, in-process on CPU.
+
+ComfyUI 0.33 loads them as core's ``QuantizedTensor`` layers: the placements stream / place the
+stored bytes (fp8 data + scales, :mod:`memorykit.weight_parts`) and the output equals the plain
+loaded model bit for bit. ComfyUI 0.3.75 loads the legacy file with scaled_fp8 ops holding plain
+float8 tensors: the same checks, the same exactness. One sampling step per case.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from harness import quant_models
+
+DISK_MAP = "cpu=10MiB, disk"
+
+
+def _is_033() -> bool:
+    import comfy.quant_ops as qo
+    return hasattr(qo, "QUANT_ALGOS") and "float8_e5m2" in getattr(qo, "QUANT_ALGOS", {})
+
+
+@pytest.fixture(scope="module")
+def quant(comfy):
+    """``quant(layout)``: the SD1.5-shaped UNet file in that layout, loaded by core's
+    ``load_diffusion_model`` (one loaded model at a time), and its plain 1-step sample."""
+    import comfy.sd
+    cache = {}
+
+    def get(layout):
+        if layout == "mixed" and not _is_033():
+            pytest.skip("ComfyUI 0.3.75 reads per-layer formats from the file's metadata, not comfy_quant keys")
+        if layout not in cache:
+            cache.clear()
+            unload()
+            path = quant_models.ensure_sd15(layout)
+            with torch.inference_mode():  # as the server runs Load Diffusion Model
+                m = comfy.sd.load_diffusion_model(str(path))
+            cache[layout] = (m, sample(m))
+        return cache[layout]
+
+    yield get
+    cache.clear()
+    unload()
+
+
+def unload():
+    """ComfyUI unloads every model, inside inference mode as the server's prompts do (core's
+    quantized layers loaded in inference mode cannot be loaded again after an unload outside it,
+    with or without MemoryKit)."""
+    import comfy.model_management as mm
+    with torch.inference_mode():
+        mm.unload_all_models()
+
+
+def sample(model, lora=None):
+    import comfy.sample
+    g = torch.Generator().manual_seed(3)
+    pos, neg = [[torch.randn(1, 77, 768, generator=g), {}]], [[torch.randn(1, 77, 768, generator=g), {}]]
+    latent = torch.zeros(1, 4, 8, 8)
+    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        return comfy.sample.sample(model, noise, 1, 4.0, "euler", "simple", pos, neg, latent,
+                                   disable_pbar=True, seed=5)
+
+
+def snapshot(module) -> dict:
+    """name → (type, stored parts as (dtype, device, values))."""
+    from comfyui_memorykit.memorykit import weight_parts
+    return {n: (type(t), [(p.dtype, p.device, p.detach().clone()) for p in weight_parts.parts(t)])
+            for n, t in list(module.named_parameters()) + list(module.named_buffers())}
+
+
+def assert_restored(module, snap: dict) -> None:
+    now = snapshot(module)
+    assert now.keys() == snap.keys()
+    for n, (kind, ps) in snap.items():
+        assert now[n][0] is kind, n
+        assert len(now[n][1]) == len(ps), n
+        for (d0, v0, x0), (d1, v1, x1) in zip(ps, now[n][1]):
+            assert d0 == d1 and v0 == v1 and torch.equal(x0, x1), n
+    assert not any(m._forward_pre_hooks or m._forward_hooks or hasattr(m, "_hf_hook") for m in module.modules())
+
+
+def stored_bytes(module) -> int:
+    from comfyui_memorykit.memorykit import weight_parts
+    return sum(weight_parts.stored_nbytes(t) for t in list(module.parameters()) + list(module.buffers()))
+
+
+def n_quantized(module) -> int:
+    from comfyui_memorykit.memorykit import weight_parts
+    return sum(not weight_parts.is_plain(t) for t in module.parameters())
+
+
+def test_weight_parts_decompose_and_rebuild_core_quantized_tensors(quant):
+    from comfyui_memorykit.memorykit import weight_parts
+    if not _is_033():
+        pytest.skip("ComfyUI 0.3.75 loads fp8_scaled files as plain float8 tensors (nothing to decompose)")
+    m, _ = quant("mixed")
+    dm = m.model.diffusion_model
+    ws = [t for t in dm.parameters() if not weight_parts.is_plain(t)]
+    assert ws and {p.dtype for w in ws for p in weight_parts.parts(w)} == \
+        {torch.float8_e4m3fn, torch.float8_e5m2, torch.float32}
+    w = ws[0]
+    ps = weight_parts.parts(w)
+    assert weight_parts.stored_nbytes(w) == w.numel() + 4  # fp8 data + one float32 scale, not the bf16/f32 size
+    r = weight_parts.rebuild(w, [p.clone() for p in ps])
+    assert type(r) is type(w) and torch.equal(r.dequantize(), w.dequantize())
+    saved = ps[0].data
+    try:  # a part's .data changes the weight in place (what the event ring does)
+        ps[0].data = torch.zeros_like(saved)
+        assert torch.count_nonzero(w.dequantize()) == 0
+    finally:
+        ps[0].data = saved
+    assert torch.equal(r.dequantize(), w.dequantize())
+
+
+@pytest.mark.parametrize("layout,offload_type", [("legacy", "block_level"), ("mixed", "leaf_level")])
+def test_group_offload_from_disk_streams_the_stored_bytes(quant, layout, offload_type, tmp_path):
+    from comfyui_memorykit.memorykit import comfy_integration as ci
+    from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
+    m, ref = quant(layout)
+    dm = m.model.diffusion_model
+    snap = snapshot(dm)
+    settings = ci.GroupOffloadSettings(GroupOffloadOptions(offload_type=offload_type, offload_to="disk"),
+                                       vram_budget_bytes=8 << 20, disk_folder=str(tmp_path))
+    n, _ = ci.prepare_group_offload(m, settings)
+    assert torch.equal(sample(n), ref)
+    st = ci.offload_patcher._offload_state(n.model)
+    from comfyui_memorykit.memorykit.offload import offload_figures
+    figures = offload_figures(st.handle)
+    streamed = figures["streamed_bytes"]
+    # the stored bytes stream: fp8 data and scales, never a dequantised copy
+    assert 0 < streamed and streamed + figures["resident_bytes"] == stored_bytes(dm)
+    assert 0 < figures["copied_bytes_last_forward"] <= figures["ring_bytes"] + streamed
+    if _is_033():
+        assert n_quantized(dm) > 0  # still core's QuantizedTensor layers while streamed
+    unload()
+    assert os.listdir(tmp_path) == []
+    assert_restored(dm, snap)
+    assert torch.equal(sample(m), ref)
+
+
+def test_group_offload_event_ring_from_ram(quant):
+    """The cpu target's event ring (RAM → onload device), technique level: on a CPU machine the
+    node passes the model through, so the ring runs with the CPU as onload device."""
+    from comfyui_memorykit.memorykit import offload
+    from comfyui_memorykit.memorykit.comfy_integration import comfy_block_lists
+    from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
+    m, _ = quant("legacy")
+    dm = m.model.diffusion_model
+    g = torch.Generator().manual_seed(1)
+    args = (torch.randn(1, 4, 8, 8, generator=g), torch.tensor([500.0]))
+    kw = {"context": torch.randn(1, 77, 768, generator=g)}
+    with torch.inference_mode():  # as ComfyUI applies and samples
+        ref = dm(*args, **kw)
+        snap = snapshot(dm)
+        h = offload.apply_group_offload(dm, "cpu", "cpu", options=GroupOffloadOptions(), budget_bytes=8 << 20,
+                                        block_lists=comfy_block_lists(dm))
+        try:
+            out = dm(*args, **kw)
+            fig = offload.offload_figures(h)
+        finally:
+            offload.remove_group_offload(h)
+    assert torch.equal(out, ref)
+    assert fig["streamed_bytes"] > 0 and fig["scheduler"] == "memorykit"
+    assert_restored(dm, snap)
+
+
+@pytest.mark.parametrize("layout", ["legacy", "mixed"])
+def test_device_map_with_disk_places_the_stored_bytes(quant, layout, tmp_path):
+    from comfyui_memorykit.nodes.device_map import BalancedDeviceMap
+    m, ref = quant(layout)
+    dm = m.model.diffusion_model
+    snap = snapshot(dm)
+    clone = BalancedDeviceMap.execute(m, "sequential", DISK_MAP, str(tmp_path), "").result[0]
+    assert torch.equal(sample(clone), ref)
+    assert len(os.listdir(tmp_path)) == 1
+    unload()
+    assert os.listdir(tmp_path) == []
+    assert_restored(dm, snap)
+    assert torch.equal(sample(m), ref)
