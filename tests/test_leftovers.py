@@ -16,6 +16,8 @@ import pytest
 
 from harness import paths
 
+pytestmark = pytest.mark.core_independent  # runs on the ComfyUI 0.33 suite only
+
 paths.technique_package()
 from memorykit_tech import leftovers  # noqa: E402
 

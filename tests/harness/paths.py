@@ -22,6 +22,15 @@ def comfyui_path() -> Path:
     return p
 
 
+def comfyui_version() -> tuple[int, ...]:
+    """The version of the ComfyUI tree the tests run on, read from its ``comfyui_version.py``
+    (``(0, 3, 75)``, ``(0, 33, 0)``); ``(0,)`` when the tree does not say."""
+    import re
+    text = (comfyui_path() / "comfyui_version.py")
+    m = re.search(r'__version__\s*=\s*"([0-9.]+)"', text.read_text()) if text.is_file() else None
+    return tuple(int(x) for x in m.group(1).split(".")) if m else (0,)
+
+
 def technique_package():
     """The pack's ``memorykit/`` technique package, imported by file as ``memorykit_tech``.
 
