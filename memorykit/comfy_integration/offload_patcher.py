@@ -26,7 +26,7 @@ import comfy.utils
 
 from .. import badge, offload, offload_plan, report
 from . import placement
-from .cleanup import default_disk_folder
+from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models, weight_dtype_options
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram, patcher_free_memory
 from .fp8_patcher import plain_fp8_layers
@@ -206,7 +206,8 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
             budget = max(0, int(min(budget, extra_memory)))
         handle = offload.apply_group_offload(
             dm, device_to, store, options=opts, budget_bytes=budget,
-            block_lists=comfy_block_lists(dm), disk_folder=s.disk_folder or default_disk_folder(),
+            block_lists=comfy_block_lists(dm),
+            disk_folder=usable_disk_folder(s.disk_folder) if opts.offload_to == "disk" else default_disk_folder(),
             disk_tag=f"{type(self.model).__name__}-{str(self.patches_uuid)[:8]}")
         if handle.plan.below_minimum:
             notes.append(f"budget {budget / 2**30:.2f} GiB is below the minimum footprint: everything streams")
@@ -276,7 +277,7 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
         _log.warning("Group Offload: %s; the model is passed through unchanged.", reason)
         return model, {"status": "passthrough", "reason": reason, "options": _options_info(settings)}
     if settings.options.offload_to == "disk":
-        offload.check_disk_folder(settings.disk_folder or default_disk_folder())
+        usable_disk_folder(settings.disk_folder)
     n = _standard_clone(model)
     plain_fp8_layers(n, "Group Offload")  # core's QuantizedTensor layers → plain float8 tensors
     n.__class__ = GroupOffloadModelPatcher  # same object layout; how ComfyUI-GGUF makes its patcher from a clone
