@@ -23,7 +23,7 @@ import torch
 
 from .. import fp8, offload, offload_plan
 from . import fp8_core, fp8_patcher, placement
-from .cleanup import default_disk_folder
+from .cleanup import default_disk_folder, usable_disk_folder
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
 from .offload_patcher import (
     _STORE,
@@ -120,7 +120,8 @@ class TextEncoderOffloadModelPatcher(GroupOffloadModelPatcher):
             for name, root in roots:
                 h = offload.apply_group_offload(
                     root, device_to, _STORE, options=opts, budget_bytes=budget,
-                    block_lists=encoder_block_lists(root), disk_folder=s.disk_folder or default_disk_folder(),
+                    block_lists=encoder_block_lists(root),
+                    disk_folder=usable_disk_folder(s.disk_folder) if opts.offload_to == "disk" else default_disk_folder(),
                     disk_tag=f"te-{name}-{str(self.patches_uuid)[:8]}")
                 handles.append(h)
                 if h.plan.below_minimum:
@@ -161,7 +162,7 @@ def text_encoder_group_offload(clip, settings: GroupOffloadSettings):
                     "changes nothing (offload_to=disk still saves RAM)")
         return clip, info
     if opts.offload_to == "disk":
-        offload.check_disk_folder(settings.disk_folder or default_disk_folder())
+        usable_disk_folder(settings.disk_folder)
     roots = encoder_roots(clip.cond_stage_model)
     if not roots:
         raise ValueError(f"{node}: no encoder MemoryKit can stream in this {type(clip.cond_stage_model).__name__}")
