@@ -327,3 +327,76 @@ def test_item13_temporal_fields_are_still_checked_where_time_is_cut():
     cut = tv.VAEShape(latent_channels=16, spatial_factor=8, time_factor=4, causal_time=True, time_cache=False)
     with pytest.raises(ValueError, match="temporal_overlap"):
         tv.make_plan(cut, "decode", (3, 8, 8), 64, 16, temporal_size=1, temporal_overlap=8)
+
+
+# -- round 3, item 6: the default offload folder is checked once, only where a disk is used ------
+
+@pytest.fixture
+def default_offload_blocked(comfy, tmp_path):
+    """``block(kind)``: a file or a dangling symlink where the default offload folder
+    (``user/__memorykit/offload``) goes, in a user directory of this test (ComfyUI's own
+    ``folder_paths.set_user_directory``; the shared tree's is put back afterwards)."""
+    import folder_paths
+    from comfyui_memorykit.memorykit.comfy_integration import cleanup
+    before = folder_paths.get_user_directory()
+    folder_paths.set_user_directory(str(tmp_path / "user"))
+
+    def block(kind: str):
+        from pathlib import Path
+        path = Path(cleanup.default_disk_folder())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "file":
+            path.write_text("not a folder")
+        else:
+            path.symlink_to(path.parent / "gone-away")
+        return path
+
+    try:
+        yield block
+    finally:
+        folder_paths.set_user_directory(before)
+
+
+@pytest.mark.parametrize("kind,why", [("file", "is a file, not a folder"), ("symlink", "is a symlink to .*gone-away', which does not exist")])
+def test_round3_item6_blocked_default_offload_folder(loaded, default_offload_blocked, kind, why):
+    """A file or a dangling symlink at the default offload folder made Group Offload (disk),
+    Balanced Device Map (cpu=4MiB, disk; 8 MiB for this model) and every Memory Plan fail with a raw FileExistsError,
+    also a "this machine" plan that uses no disk. The folder is checked only where a disk is
+    used, and the message names the field and the folder."""
+    from comfyui_memorykit.memorykit.comfy_integration import device_map_patcher, memory_plan_io, offload_patcher
+    from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
+    path = default_offload_blocked(kind)
+    model = loaded("sd15").patcher
+    settings = offload_patcher.GroupOffloadSettings(options=GroupOffloadOptions(offload_to="disk"))
+    with pytest.raises(RuntimeError, match=rf"^disk_folder is empty, so the default offload folder is used, and "
+                                           rf"'{path}' {why}: remove or fix it, or give a folder in disk_folder"):
+        offload_patcher.prepare_group_offload(model, settings)
+    with pytest.raises(RuntimeError, match=rf"^offload_folder is empty, .*'{path}' {why}"):
+        device_map_patcher.device_map_model(model, "balanced", "cpu=8MiB, disk")
+    # no disk used: no check, no error
+    device_map_patcher.device_map_model(model, "balanced", "cpu=64GiB")
+    out, _, info = memory_plan_io.memory_plan(model, plan_for="this machine")
+    assert info["machine"]["disk_bytes"] == 0 and f"No disk was planned with: disk_folder is empty" in info["reasons"][0]
+    assert info["pick"] != "stream from disk"
+    assert os.path.lexists(path) and not os.path.isdir(path)  # the user's file or link is left as it was
+
+
+# -- round 3, item 7: the smallest tile a VAE can decode is the floor of tile_size ---------------
+
+def test_round3_item7_ltxv_tile_below_two_latent_px_is_refused_naming_the_floor(comfy):
+    """LTX-Video (32x) with tile_size 32 or 40 px (one latent px) failed with a raw "Padding size
+    should be less than the corresponding input dimension" (its decoder pads by reflection); core's
+    VAE Decode of the same latent works. Refused now, naming the floor; 64 px decodes."""
+    from harness import vae_zoo
+    from comfyui_memorykit.nodes.tiled_vae import TiledVAEDecode
+    vae = vae_zoo.build("ltxv")
+    z = {"samples": torch.randn(1, vae.latent_channels, 2, 3, 3, generator=torch.Generator().manual_seed(0))}
+    opts = dict(TILE_DEFAULTS, overlap=0)
+    for tile in (32, 40):
+        with pytest.raises(ValueError, match=rf"^tile_size \({tile} px\) is below the smallest tile this VAE can "
+                                             r"decode: 64 px \(2 latent px at its 32x compression.*give tile_size 64 or more"):
+            TiledVAEDecode.execute(z, vae, **dict(opts, tile_size=tile))
+    with torch.inference_mode():
+        images = TiledVAEDecode.execute(z, vae, **dict(opts, tile_size=64)).args[0]
+    assert images.shape[1:3] == (96, 96) and torch.isfinite(images).all()
+

@@ -18,9 +18,8 @@ import torch
 
 from .. import device_map as dmap
 from ..device_dispatch import dispatch_device_map
-from ..offload import check_disk_folder
 from . import placement
-from .cleanup import default_disk_folder
+from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
 from .offload_patcher import GROUP_OFFLOAD_KEY
@@ -172,7 +171,7 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     folder = (offload_folder or "").strip()
     per_device = dmap.bytes_per_device(diffusion_model, device_map)
     if "disk" in per_device:
-        folder = check_disk_folder(folder or default_disk_folder(), what="offload_folder")
+        folder = usable_disk_folder(folder, what="offload_folder")
     folder = folder or default_disk_folder()
     # preloaded whole when offloaded: the blocks whose own forward runs (a UNet's
     # TimestepEmbedSequential is never called as a whole: its layers are, see comfy_block_lists)
