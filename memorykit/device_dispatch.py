@@ -91,20 +91,19 @@ class DispatchedModel:
         """Remove every hook, put each parameter/buffer back on its original device with its
         exact values (offloaded ones are read back from RAM or the offload files), drop the
         ``forward`` attributes the hooks left and ``hf_device_map``, and delete the offload
-        folder. Safe to call twice."""
+        folder. Safe to call twice; when it raised half-way, calling it again finishes it."""
         if not self.active:
             return
-        try:
-            _restore(self.module, self.original_devices, self.own_forwards)
-            _own_memory(self.module, self.store)
-            _rewrap(self.module, self.unwrapped)
-        finally:
-            self.active = False
-            if self.store is not None:
-                self.store.close()
-                self.store = None
-            if self.offload_dir:
-                leftovers.remove_folder(self.offload_dir)
+        # Raising half-way keeps the handle active with its store: calling again finishes the job.
+        _restore(self.module, self.original_devices, self.own_forwards)
+        _own_memory(self.module, self.store)
+        _rewrap(self.module, self.unwrapped)
+        self.active = False
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if self.offload_dir:
+            leftovers.remove_folder(self.offload_dir)
 
     def __repr__(self) -> str:
         return (f"DispatchedModel({type(self.module).__name__}, main_device={device_name(self.main_device)}, "
@@ -115,35 +114,41 @@ PART = "__mk_part"
 
 
 class _Unwrapped:
-    """One quantized weight ``module.<name>`` replaced by plain Parameters of its parts (see module doc)."""
+    """One quantized weight ``module.<name>`` replaced by plain Parameters of its parts (see module
+    doc). Holds no tensor with data: the parts' Parameters are their only holders in the module."""
 
     def __init__(self, module: torch.nn.Module, name: str, weight: torch.Tensor):
-        self.module, self.name, self.weight = module, name, weight
-        self.parts = weight_parts.parts(weight)
-        self.inference = [p.is_inference() for p in self.parts]
-        self.names = [f"{name}{PART}{i}" for i in range(len(self.parts))]
-        self.meta = weight_parts.rebuild(weight, [torch.empty_like(p, device="meta") for p in self.parts])
-        del module._parameters[name]
-        for n, p in zip(self.names, self.parts):
+        self.module, self.name = module, name
+        parts = weight_parts.parts(weight)
+        self.inference = [p.is_inference() for p in parts]
+        self.was_param = isinstance(weight, torch.nn.Parameter)
+        self.names = [f"{name}{PART}{i}" for i in range(len(parts))]
+        self.meta = weight_parts.rebuild(weight, [torch.empty_like(p, device="meta") for p in parts])
+        for n, p in zip(self.names, parts):
             module._parameters[n] = torch.nn.Parameter(p, requires_grad=False)
-            p.data = torch.empty(0, dtype=p.dtype)  # the Parameter holds the bytes now: no second copy
+        del module._parameters[name]
         module.__dict__[name] = self.meta  # outside its forward the layer shows a weight without data
 
     def rebuilt(self) -> torch.Tensor:
         return weight_parts.rebuild(self.meta, [self.module._parameters[n] for n in self.names])
 
     def rewrap(self) -> None:
-        """The original weight object back in the module, over copies of its restored parts."""
+        """The weight back in the module as a Parameter, rebuilt over copies of its restored parts
+        (inference tensors where they were: core rebuilds its quantized Parameters in inference mode)."""
         m = self.module
-        for n, p, inf in zip(self.names, self.parts, self.inference):
+        if self.name in m._parameters:
+            return  # done already
+        parts = []
+        for n, inf in zip(self.names, self.inference):
             cur = m._parameters.pop(n)
-            if cur is not None and cur.device.type != "meta":
-                with torch.inference_mode(inf):  # as loaded: core rebuilds its Parameters in inference mode
-                    own = torch.empty_like(cur, device=cur.device)
-                    own.copy_(cur)
-                p.data = own
+            with torch.inference_mode(inf):
+                own = torch.empty_like(cur, device=cur.device)
+                own.copy_(cur)
+            parts.append(own)
         m.__dict__.pop(self.name, None)
-        m._parameters[self.name] = self.weight
+        with torch.inference_mode(any(self.inference)):
+            w = weight_parts.rebuild(self.meta, parts)
+            m._parameters[self.name] = torch.nn.Parameter(w, requires_grad=False) if self.was_param else w
 
 
 def _unwrap(module: torch.nn.Module) -> list[_Unwrapped]:
