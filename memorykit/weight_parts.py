@@ -183,3 +183,16 @@ def describe(t: torch.Tensor) -> str:
     except UnsupportedWeight:
         dtypes = []
     return f"{type(t).__name__} ({', '.join(dtypes)})" if dtypes else type(t).__name__
+
+
+def inference_weights(module: torch.nn.Module) -> bool:
+    """True when ``module``'s weights are inference tensors (loaded inside ``torch.inference_mode``,
+    as ComfyUI's server runs its loaders). Whatever rebuilds or moves them (core's quantized layers
+    make new Parameters on every ``Module.to``) must then run in inference mode too, or the next
+    load inside it fails ("Cannot set version_counter for inference tensor")."""
+    for t in module.parameters():
+        try:
+            return any(p.is_inference() for p in parts(t))
+        except UnsupportedWeight:
+            return False
+    return False

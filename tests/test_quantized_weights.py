@@ -184,3 +184,74 @@ def test_device_map_with_disk_places_the_stored_bytes(quant, layout, tmp_path):
     assert os.listdir(tmp_path) == []
     assert_restored(dm, snap)
     assert torch.equal(sample(m), ref)
+
+
+def quantized_parts(module) -> dict:
+    """name → stored parts of every quantized weight (0.33) / float8 weight (0.3.75)."""
+    from comfyui_memorykit.memorykit import weight_parts
+    return {n: [p.detach().clone() for p in weight_parts.parts(t)] for n, t in module.named_parameters()
+            if not weight_parts.is_plain(t) or t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)}
+
+
+@pytest.mark.parametrize("layout", ["legacy", "mixed"])
+def test_fp8_cast_keeps_quantized_layers_as_stored_and_says_so(quant, layout, tmp_path):
+    """FP8 Layerwise Cast on an fp8_scaled model: the layers already quantised are left as they
+    are (no second quantisation) and listed as kept; then Group Offload on top (the order that
+    crashed the server) runs exactly as the FP8 model alone."""
+    from comfyui_memorykit.memorykit import comfy_integration as ci
+    from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
+    m, ref = quant(layout)
+    dm = m.model.diffusion_model
+    before = quantized_parts(dm)
+    assert before
+    with torch.inference_mode():
+        f, info = ci.fp8_layerwise_cast(m)
+    kept = {k["name"]: k["reason"] for k in info["kept_layers"]}
+    q_layers = {n.rsplit(".", 1)[0] for n in before}
+    assert q_layers <= set(kept), "an already quantised layer was planned for casting"
+    assert any("already" in kept[n] for n in q_layers)  # others may be kept by a skip pattern first
+    out = sample(f)
+    assert (out - ref).norm() / ref.norm() < 0.1  # the rest cast to float8: fp8 tolerance
+    unload()
+    after = quantized_parts(dm)
+    assert after.keys() == before.keys()
+    assert all(all(torch.equal(a, b) for a, b in zip(after[k], before[k])) for k in before)
+    settings = ci.GroupOffloadSettings(GroupOffloadOptions(offload_to="disk"), vram_budget_bytes=8 << 20,
+                                       disk_folder=str(tmp_path))
+    g, _ = ci.prepare_group_offload(f, settings)
+    assert torch.equal(sample(g), out)
+    unload()
+    assert os.listdir(tmp_path) == []
+
+
+def _lora(m):
+    import nodes
+    from harness import loras
+    loras.ensure_sd15_lora()
+    with torch.inference_mode():
+        return nodes.LoraLoaderModelOnly().load_lora_model_only(m, loras.LORA_NAME, 1.0)[0]
+
+
+@pytest.mark.parametrize("node", ["group_offload", "device_map"])
+def test_lora_before_and_after_a_placement_equals_the_quantized_model_with_lora(quant, node, tmp_path):
+    """Core's LoraLoader on the fp8_scaled model, before and after Group Offload / Device Map:
+    equal to the plain fp8_scaled model with the same LoRA (core patches its quantized weights)."""
+    from comfyui_memorykit.memorykit import comfy_integration as ci
+    from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
+    from comfyui_memorykit.nodes.device_map import BalancedDeviceMap
+    m, ref = quant("legacy")
+
+    def place(x):
+        if node == "device_map":
+            return BalancedDeviceMap.execute(x, "sequential", DISK_MAP, str(tmp_path), "").result[0]
+        s = ci.GroupOffloadSettings(GroupOffloadOptions(offload_to="disk"), vram_budget_bytes=8 << 20,
+                                    disk_folder=str(tmp_path))
+        return ci.prepare_group_offload(x, s)[0]
+
+    with_lora = sample(_lora(m))
+    assert not torch.equal(with_lora, ref)
+    assert torch.equal(sample(place(_lora(m))), with_lora)
+    assert torch.equal(sample(_lora(place(m))), with_lora)
+    unload()
+    assert os.listdir(tmp_path) == []
+    assert torch.equal(sample(m), ref)

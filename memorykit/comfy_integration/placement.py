@@ -28,6 +28,9 @@ import contextlib
 import logging
 import weakref
 
+import torch
+
+from .. import weight_parts
 from ..module_state import ModuleState
 
 _log = logging.getLogger("MemoryKit")
@@ -134,7 +137,8 @@ def _undo(base_model, p: Placement) -> None:
     resumable), so an unload that fails still leaves the model as it was before the placement.
     An interrupt is raised again after that; an error only when the second run fails too."""
     try:
-        p.undo(base_model)
+        with torch.inference_mode(weight_parts.inference_weights(base_model)):  # as the weights were loaded
+            p.undo(base_model)
         return
     except BaseException as e:  # noqa: BLE001 - finished below, then raised again if it was an interrupt
         first = e
@@ -333,4 +337,5 @@ class PlacementPatcher:
     def detach(self, unpatch_all=True):
         # The owner's full detach: the placement undone (weights back where they were), then
         # ComfyUI's full unpatch so its bookkeeping (patched weights, loaded size) matches.
-        return super().detach(detach_unpatch_all(self, unpatch_all))
+        with torch.inference_mode(weight_parts.inference_weights(self.model)):  # core's full unpatch moves the weights
+            return super().detach(detach_unpatch_all(self, unpatch_all))

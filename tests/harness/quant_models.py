@@ -99,3 +99,33 @@ def ensure_sd15(layout: str) -> Path:
     from . import comfy_env
     comfy_env.setup_comfy()
     return ensure("sd15", layout, sd15_unet_state_dict)
+
+
+def build_zoo_quantized(name: str, layout: str):
+    """The zoo model ``name`` (:mod:`harness.zoo`) as core loads it from an fp8_scaled file of
+    ``layout``: its state dict written in that layout, turned into per-layer ``comfy_quant``
+    layers as core's loader does (``comfy.utils.convert_old_quants`` for the legacy marker), and
+    loaded into a model built with core's mixed-precision ops (``model_config.quant_config``).
+    Core's file detection does not recognise the zoo's tiny configurations, so the model is
+    built from the zoo's config and loaded with ``load_model_weights``. ComfyUI 0.33 only.
+    Returns a ModelPatcher (cpu), loaded inside inference mode as the server loads."""
+    import comfy.model_patcher
+    import comfy.supported_models as sm
+    import comfy.utils
+
+    from . import zoo
+    spec = zoo.SPECS[name]
+    q = quantize_state_dict(dict(zoo.build(name).model.diffusion_model.state_dict()), layout)
+    q, _ = comfy.utils.convert_old_quants(q, "", {})
+    with torch.inference_mode():
+        mc = getattr(sm, spec.supported_model)(zoo._config(name))
+        mc.set_inference_dtype(torch.float32, torch.float32)  # quantized layers compute in float32 on the CPU
+        mc.quant_config = comfy.utils.detect_layer_quantization(q, "")
+        model = mc.get_model(spec.state_dict() if spec.state_dict else {})
+        if spec.post_build is not None:
+            spec.post_build(model.diffusion_model, mc.custom_operations or zoo._operations(model))
+        missing, unexpected = model.diffusion_model.load_state_dict(q, strict=False)
+        if [k for k in missing if not k.endswith("comfy_quant")] or unexpected:
+            raise RuntimeError(f"{name}: quantized state dict does not fit: {missing[:3]} {unexpected[:3]}")
+        model.eval()
+    return comfy.model_patcher.ModelPatcher(model, torch.device("cpu"), torch.device("cpu"))
