@@ -58,6 +58,7 @@ class _AppliedDeviceMap(placement.Placement):
     def undo(self, base_model) -> None:
         """Hooks removed, every weight back where it was (``DispatchedModel.remove``), counters reset."""
         self.handle.remove()
+        placement.fault_point("undo")
         base_model.model_loaded_weight_memory = 0
         base_model.device = self.offload_device
 

@@ -67,6 +67,7 @@ class _OffloadState(placement.Placement):
         """Weights back on the offload device with their unpatched values (LoRA backups restored
         as ``ModelPatcher.unpatch_model`` does), weight functions wiped, ComfyUI's load counters reset."""
         offload.remove_group_offload(self.handle)
+        placement.fault_point("undo")
         for k, bk in list(self.backup.items()):
             (comfy.utils.copy_to_param if bk.inplace_update else comfy.utils.set_attr_param)(base_model, k, bk.weight)
         self.backup.clear()
