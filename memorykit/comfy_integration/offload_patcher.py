@@ -26,6 +26,7 @@ import torch
 from .. import badge, offload, offload_plan, report
 from . import placement
 from .placement import comfy_block_lists
+from ..units import size_text
 from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models, weight_dtype_options
 from .compat import (
@@ -134,7 +135,7 @@ class GroupOffloadModelPatcher(placement.PlacementPatcher, comfy.model_patcher.M
             disk_folder=usable_disk_folder(s.disk_folder) if opts.offload_to == "disk" else default_disk_folder(),
             disk_tag=f"{type(self.model).__name__}-{str(self.patches_uuid)[:8]}")
         if handle.plan.below_minimum:
-            notes.append(f"budget {budget / 2**30:.2f} GiB is below the minimum footprint: everything streams")
+            notes.append(f"budget {size_text(budget)} is below the minimum footprint: everything streams")
         st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup)
         st.notes += notes
         placement.install(self, st)

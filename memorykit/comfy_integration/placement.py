@@ -108,12 +108,15 @@ def _finalize(base_model, placement, owner_id) -> None:
 # The attachment each placement node sets on its MODEL clone → the node's name (the attachment
 # keys of offload_patcher.GROUP_OFFLOAD_KEY and device_map_patcher.DEVICE_MAP_ATTACHMENT).
 PLACED_BY = {"memorykit_group_offload": "Group Offload", "memorykit_device_map": "Balanced Device Map"}
+PLANNED_KEY = "memorykit_memory_plan"  # set by Memory Plan on the MODEL it placed with Group Offload's code
 
 
 def placed_by(patcher) -> str | None:
-    """The name of the placement node (Group Offload, Balanced Device Map) ``patcher``'s MODEL
-    comes through, or None: such a MODEL already has its weights' places decided."""
-    return next((name for key, name in PLACED_BY.items() if patcher.get_attachment(key) is not None), None)
+    """The name of the node (Group Offload, Balanced Device Map, or Memory Plan where it applied
+    Group Offload's code) ``patcher``'s MODEL comes through, as the user's graph shows it, or
+    None: such a MODEL already has its weights' places decided."""
+    name = next((name for key, name in PLACED_BY.items() if patcher.get_attachment(key) is not None), None)
+    return "Memory Plan" if name is not None and patcher.get_attachment(PLANNED_KEY) is not None else name
 
 
 def _take_ownership(patcher, p: Placement) -> None:
