@@ -282,7 +282,16 @@ class _TextEncoderDeviceMixin:
         return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
 
     def detach(self, unpatch_all=True):
-        return super().detach(True)
+        # unpatch_all=False outside garbage collection: load_models_gpu hands the weights to another
+        # clone, which may compute elsewhere (a core patcher would keep them here): unload fully.
+        # Collected (core's __del__): as core does, the weights another clone may use stay.
+        return super().detach(unpatch_all or not self.__dict__.get("_mk_collected", False))
+
+    def __del__(self):
+        self.__dict__["_mk_collected"] = True
+        parent = getattr(super(), "__del__", None)
+        if parent is not None:
+            parent()
 
 
 _DEVICE_CLASSES: dict[type, type] = {}
