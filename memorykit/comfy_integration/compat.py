@@ -153,6 +153,10 @@ def pinned_memory_disabled() -> bool:
     return bool(getattr(args, "disable_pinned_memory", False))
 
 
+PAGEABLE_NOTE = ("pinned memory disabled (--disable-pinned-memory): weights are copied from pageable memory, "
+                 "slower on the GPU")
+
+
 def count_pinned(nbytes: int) -> None:
     """Add ``nbytes`` (negative: remove) to core's count of page-locked host memory
     (``model_management.TOTAL_PINNED_MEMORY``, which core's pin budget compares with

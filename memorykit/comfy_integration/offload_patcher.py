@@ -25,10 +25,10 @@ import comfy.patcher_extension as pe
 import comfy.utils
 
 from .. import badge, offload, offload_plan, report
-from . import placement
+from . import compat, placement
 from .cleanup import default_disk_folder
 from .common import loaded_models, weight_dtype_options
-from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram, patcher_free_memory
+from .compat import OPTED_OUT_NOTE, PAGEABLE_NOTE, is_dynamic, opt_out_of_dynamic_vram, patcher_free_memory
 from .fp8_patcher import plain_fp8_layers
 
 _log = logging.getLogger("MemoryKit")
@@ -57,11 +57,14 @@ class _OffloadState(placement.Placement):
         self.device, self.offload_device, self.backup = device, offload_device, backup
         self.last_run: dict | None = None
         self.notes: list[str] = []
+        self.counted_pinned = 0  # page-locked bytes added to core's pinned-memory count
 
     def undo(self, base_model) -> None:
         """Weights back on the offload device with their unpatched values (LoRA backups restored
         as ``ModelPatcher.unpatch_model`` does), weight functions wiped, ComfyUI's load counters reset."""
         offload.remove_group_offload(self.handle)
+        compat.count_pinned(-self.counted_pinned)
+        self.counted_pinned = 0
         for k, bk in list(self.backup.items()):
             (comfy.utils.copy_to_param if bk.inplace_update else comfy.utils.set_attr_param)(base_model, k, bk.weight)
         self.backup.clear()
@@ -200,6 +203,10 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
             opts = dataclasses.replace(opts, use_stream=False, record_stream=False)
             notes.append("use_stream/record_stream ignored: computing on the CPU")
         opts = dataclasses.replace(opts, exclude_kwargs=("transformer_options",))
+        if compat.pinned_memory_disabled():
+            opts = dataclasses.replace(opts, page_lock=False)
+            if device_to.type == "cuda":
+                notes.append(PAGEABLE_NOTE)
         budget = s.vram_budget_bytes or None
         if budget is None and device_to.type != "cpu":
             budget = patcher_free_memory(self, device_to) - mm.minimum_inference_memory()
@@ -212,6 +219,8 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
             notes.append(f"budget {budget / 2**30:.2f} GiB is below the minimum footprint: everything streams")
         st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup)
         st.notes += notes
+        st.counted_pinned = offload.page_locked_bytes(handle)
+        compat.count_pinned(st.counted_pinned)  # core's pin budget sees the ring's page-locked host memory
         placement.install(self, st)
         plan = handle.plan
         self.model.model_loaded_weight_memory = plan.footprint_bytes
@@ -292,8 +301,10 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
     info = {"status": "planned (applied when sampling loads the model)", "options": _options_info(settings),
             "disk_folder": settings.disk_folder or default_disk_folder(), "plan": preview.as_dict(),
             "model_bytes": n.model_size()}
-    if is_dynamic(model):
-        info["notes"] = [OPTED_OUT_NOTE]
+    info["notes"] = [OPTED_OUT_NOTE] if is_dynamic(model) else []
+    if compat.pinned_memory_disabled() and torch.device(n.load_device).type == "cuda":
+        dataclasses.replace(opts, page_lock=False).validate()  # diffusers' stream path would pin: refused
+        info["notes"].append(PAGEABLE_NOTE)
     return n, info
 
 
