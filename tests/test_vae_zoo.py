@@ -378,10 +378,13 @@ def test_core_time_carry_detection_follows_core():
     # rolling decode, TAEHV's frame-by-frame memory blocks (parallel off, as core builds it)
     from comfyui_memorykit.memorykit.comfy_integration.compat import core_model_carries_time
     from comfyui_memorykit.memorykit.comfy_integration.vae_time import time_mode
-    import comfy.taesd.taehv as taehv
+    import importlib.util
     import inspect
-    whole = {"taehv": "parallel" in inspect.signature(taehv.TAEHV).parameters and hasattr(taehv, "apply_model_with_memblocks"),
-             "mochi": False, "cosmos": False, "wan21": False}
+    whole = {"mochi": False, "cosmos": False, "wan21": False}
+    if importlib.util.find_spec("comfy.taesd.taehv") is not None:  # a true 0.3.75 has no TAEHV
+        import comfy.taesd.taehv as taehv
+        whole["taehv"] = ("parallel" in inspect.signature(taehv.TAEHV).parameters
+                          and hasattr(taehv, "apply_model_with_memblocks"))
     if not vae_zoo.ZOO["cogvideox"].missing():
         from comfy.ldm.cogvideo import vae as cog
         whole["cogvideox"] = hasattr(cog.AutoencoderKLCogVideoX, "_decode_rolling") and \
