@@ -43,7 +43,7 @@ OFFLOAD_DEVICES = ("cpu", "disk")
 GIB = float(1 << 30)
 MAX_BUDGET_BYTES = 1 << 60  # 1 EiB: no device has more; larger sizes are typos
 
-_GPU_RE = re.compile(r"^(?:cuda:)?(\d+)$")
+_GPU_PATTERN = r"^(?:cuda:)?(\d+)$"  # re's module-level functions cache the compiled pattern
 
 
 def parse_device(value) -> Device:
@@ -66,7 +66,7 @@ def parse_device(value) -> Device:
             return v
         if v == "cuda":
             return 0
-        m = _GPU_RE.match(v)
+        m = re.match(_GPU_PATTERN, v)
         if m:
             return int(m.group(1))
     raise ValueError(f"unknown device {value!r}: use cuda:N (e.g. cuda:0), cpu or disk")

@@ -9,6 +9,7 @@ most of these layers.
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -186,8 +187,8 @@ def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str
     # A user's pattern (a plain string, from parse_patterns) is matched by the bounded-time
     # automaton; a preset's (a (pattern, reason) pair written in this module, some with
     # lookaheads the automaton refuses) by ``re``: fixed, reviewed patterns cannot backtrack badly.
-    compiled = [(validation.compile_pattern(p, "extra_skip_patterns"), p) if isinstance(p, str)
-                else (re.compile(p[0]), f"{p[0]} ({p[1]})") for p in skip_patterns]
+    compiled = [(validation.compile_pattern(p, "extra_skip_patterns").search, p) if isinstance(p, str)
+                else (functools.partial(re.search, p[0]), f"{p[0]} ({p[1]})") for p in skip_patterns]
     plan = LayerPlan()
     for name, m in module.named_modules():
         if check is not None:
@@ -196,7 +197,7 @@ def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str
             m = get_module(name, m)
         if not isinstance(m, CASTABLE_TYPES) or not name:
             continue
-        why = next((w for rx, w in compiled if rx.search(name)), None)
+        why = next((w for search, w in compiled if search(name)), None)
         if why is None:
             extra = [k for k in list(m._parameters) + list(m._buffers)
                      if k not in ("weight", "bias") and getattr(m, k, None) is not None]
@@ -224,13 +225,13 @@ def coverage(module: torch.nn.Module, plan: LayerPlan, family: str | None = None
     ``kept_layers`` (count) and ``family``."""
     family = family or detect_family(module)
     blocks = FAMILY_BLOCKS.get(family) or FAMILY_BLOCKS["generic"]
-    in_block = re.compile(rf"^(?:{blocks})\.")
+    in_block = rf"^(?:{blocks})\."
     size = {n: p.numel() * p.element_size() for n, p in module.named_parameters()}
     cast = {f"{name}.weight" for name in plan.cast}
     total = sum(size.values())
-    block = sum(b for n, b in size.items() if in_block.match(n))
+    block = sum(b for n, b in size.items() if re.match(in_block, n))
     cast_b = sum(size.get(n, 0) for n in cast)
-    block_cast = sum(size.get(n, 0) for n in cast if in_block.match(n))
+    block_cast = sum(size.get(n, 0) for n in cast if re.match(in_block, n))
     return {"family": family, "total_bytes": total, "cast_bytes": cast_b, "block_bytes": block,
             "block_cast_bytes": block_cast, "cast_share": cast_b / max(1, total),
             "block_cast_share": block_cast / max(1, block), "kept_layers": len(plan.kept)}

@@ -380,3 +380,23 @@ def test_round3_item6_blocked_default_offload_folder(loaded, default_offload_blo
     assert info["pick"] != "stream from disk"
     assert os.path.lexists(path) and not os.path.isdir(path)  # the user's file or link is left as it was
 
+
+# -- round 3, item 7: the smallest tile a VAE can decode is the floor of tile_size ---------------
+
+def test_round3_item7_ltxv_tile_below_two_latent_px_is_refused_naming_the_floor(comfy):
+    """LTX-Video (32x) with tile_size 32 or 40 px (one latent px) failed with a raw "Padding size
+    should be less than the corresponding input dimension" (its decoder pads by reflection); core's
+    VAE Decode of the same latent works. Refused now, naming the floor; 64 px decodes."""
+    from harness import vae_zoo
+    from comfyui_memorykit.nodes.tiled_vae import TiledVAEDecode
+    vae = vae_zoo.build("ltxv")
+    z = {"samples": torch.randn(1, vae.latent_channels, 2, 3, 3, generator=torch.Generator().manual_seed(0))}
+    opts = dict(TILE_DEFAULTS, overlap=0)
+    for tile in (32, 40):
+        with pytest.raises(ValueError, match=rf"^tile_size \({tile} px\) is below the smallest tile this VAE can "
+                                             r"decode: 64 px \(2 latent px at its 32x compression.*give tile_size 64 or more"):
+            TiledVAEDecode.execute(z, vae, **dict(opts, tile_size=tile))
+    with torch.inference_mode():
+        images = TiledVAEDecode.execute(z, vae, **dict(opts, tile_size=64)).args[0]
+    assert images.shape[1:3] == (96, 96) and torch.isfinite(images).all()
+
