@@ -236,6 +236,10 @@ def plan_tiles(vae, machine: mp.Machine, shape: list[int]) -> tuple[int | None, 
     if len(shape) != vae.latent_dim + 2:
         raise ValueError(f"vae: this VAE ({name}) decodes {vae.latent_dim}-D latents, "
                          f"the latent {shape} has {len(shape) - 2}: connect the VAE made for this model")
+    from .vae_defer import deferral
+    why = deferral(vae, "decode")
+    if why:  # tiles itself, or cannot be tiled from outside: decoded by core's VAE Decode
+        return None, f"VAE: {name} is not tiled by MemoryKit ({why}): decoded by core's VAE Decode, no tiles."
     vs = vae_shape(vae)
     frames = shape[2] if len(shape) == 5 else None
     probe = [1, vs.latent_channels] + ([frames] if frames else []) + [16, 16]
