@@ -52,7 +52,12 @@ def _timed(fn, repeat: int = 3) -> float:
 
 
 def _h2d_bandwidth(device: torch.device) -> float:
-    src = torch.empty(PROBE_BYTES, dtype=torch.uint8).pin_memory()
+    """Host→device copy speed as Group Offload streams: from pinned memory, or from pageable
+    memory under ``--disable-pinned-memory`` (then nothing is page-locked)."""
+    from .compat import pinned_memory_disabled
+    src = torch.empty(PROBE_BYTES, dtype=torch.uint8)
+    if not pinned_memory_disabled():
+        src = src.pin_memory()
     dst = torch.empty(PROBE_BYTES, dtype=torch.uint8, device=device)
 
     def copy_():
