@@ -230,6 +230,7 @@ def _standard_clone(model):
 def _options_info(s: GroupOffloadSettings) -> dict:
     o = dataclasses.asdict(s.options)
     o.pop("exclude_kwargs", None)
+    o.pop("page_lock", None)  # not a node option: follows --disable-pinned-memory (the notes say so)
     return o
 
 
