@@ -32,6 +32,7 @@ from accelerate.utils import (compute_module_sizes, convert_file_size_to_int, ge
                               get_max_memory, infer_auto_device_map)
 
 from .offload_plan import block_parents
+from .units import size_text
 from .validation import bounded_text
 
 MAX_MEMORY_CHARS = 4096  # max_memory: a few entries, one per device
@@ -73,8 +74,9 @@ def parse_device(value) -> Device:
 
 
 def format_bytes(n: float) -> str:
-    """``23.8 GiB`` / ``512 MiB``: GiB from 1 GiB up, else MiB (2**20 bytes), 3 significant digits."""
-    return f"{n / GIB:.3g} GiB" if n >= GIB else f"{n / (1 << 20):.3g} MiB"
+    """``23.8 GiB`` / ``512 MiB`` / ``12.0 KiB``: GiB from 1 GiB up (3 significant digits), else
+    :func:`memorykit.units.size_text`'s MiB, KiB or bytes."""
+    return f"{n / GIB:.3g} GiB" if n >= GIB else size_text(n)
 
 
 def device_name(device: Device) -> str:

@@ -82,6 +82,13 @@ FAMILY_SKIPS: dict[str, tuple[tuple[str, str], ...]] = {
         (r"(^|\.)mod(C|X|CX|F)\.", "modulation"),
         (r"^final_linear$", "in/out projection"),
     ),
+    # Text encoders (a CLIP's encoders: CLIP-L/G, T5, UMT5, Llama, Qwen, Gemma, Mistral, ...): the
+    # token/position embeddings (COMMON_SKIPS; T5's ``shared``), norms and the final projection.
+    "text_encoder": (
+        (r"(^|\.)shared$", "embedding"),
+        (r"(^|\.)(ln_|layernorm|layer_norm)", "norm"),
+        (r"(text_projection|lm_head|(^|\.)proj_out$|(^|\.)final_proj)", "final projection"),
+    ),
     # Anything else: the usual names of input/output projections.
     "generic": (
         (r"^(img_in|txt_in|x_embedder|patch_embed|patch_embedding|proj_in|proj_out|conv_in|conv_out)(\.|$)",
@@ -107,7 +114,7 @@ FAMILY_SIGNATURES: tuple[tuple[str, frozenset[str]], ...] = (
 FAMILY_BLOCKS = {
     "unet": "", "flux": "double_blocks|single_blocks", "wan": "blocks", "mmdit": "joint_blocks",
     "qwen_image": "transformer_blocks", "ltxv": "transformer_blocks", "lumina": "layers|noise_refiner|context_refiner",
-    "auraflow": "double_layers|single_layers",
+    "auraflow": "double_layers|single_layers", "text_encoder": "layers|block",
     "generic": "blocks|layers|transformer_blocks|double_blocks|single_blocks|joint_blocks",
 }
 PRESETS = ("auto", "auto_keep_block_modulation", "auto_fp8_modulation", "none")

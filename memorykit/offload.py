@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from . import leftovers
+from .units import size_text
 from .offload_plan import (BlockLists, GroupOffloadOptions, OffloadPlan, default_block_lists, group_tensors,
                            module_tensors, plan_offload, stream_groups)
 from .offload_stream import EventRing, cuda_ok
@@ -101,8 +102,8 @@ def check_disk_folder(folder: str | os.PathLike, need_bytes: int = 0, what: str 
                            "choose a writable folder.") from None
     free = shutil.disk_usage(path).free
     if need_bytes and free < need_bytes + DISK_MARGIN_BYTES:
-        raise RuntimeError(f"{what} {path!r} has {free / 2**30:.2f} GiB free; the offloaded weights "
-                           f"need {need_bytes / 2**30:.2f} GiB (+0.25 GiB margin): free space or choose another folder.")
+        raise RuntimeError(f"{what} {path!r} has {size_text(free)} free; the offloaded weights "
+                           f"need {size_text(need_bytes)} (+256 MiB margin): free space or choose another folder.")
     return path
 
 

@@ -400,3 +400,38 @@ def test_round3_item7_ltxv_tile_below_two_latent_px_is_refused_naming_the_floor(
         images = TiledVAEDecode.execute(z, vae, **dict(opts, tile_size=64)).args[0]
     assert images.shape[1:3] == (96, 96) and torch.isfinite(images).all()
 
+
+# -- round 3, item 8: sizes in a unit that fits; the reserve and the node named as the graph has them
+
+def test_round3_item8_sizes_are_printed_in_a_unit_that_fits(tmp_path):
+    from memorykit_tech import units
+    assert [units.size_text(n) for n in (0, 12, 3 * 2**10, 10.2 * 2**20, 512 * 2**20, 2**30 - 2**19, 26.62 * 2**30)] == \
+        ["0 bytes", "12 bytes", "3.00 KiB", "10.2 MiB", "512 MiB", "1024 MiB", "26.62 GiB"]
+    with small_tmpfs(tmp_path / "full", "1m") as full:  # Save Sharded, nearly full disk
+        with pytest.raises(OSError, match=r"needs 1.00 MiB .*, \d+(\.\d+)? (KiB|MiB) are free") as e:
+            sharded_save.save_sharded({"w": torch.ones(512, 512)}, full / "model")
+        assert "0.00 GiB" not in str(e.value)
+
+
+def test_round3_item8_memory_plan_names_the_reserve_and_the_node(loaded, tmp_path):
+    """Given VRAM at or below core's 0.8 GiB reserve said "VRAM short by 0.00 GiB"; Balanced
+    Device Map after a Memory Plan that streams from disk was refused naming Group Offload, a
+    node the graph does not have."""
+    from comfyui_memorykit.memorykit import memory_plan as mp
+    from comfyui_memorykit.memorykit.comfy_integration import device_map_patcher, memory_plan_io
+    model = loaded("sd15").patcher
+    for vram in (0.5, 0.8):
+        with pytest.raises(mp.PlanError) as e:
+            memory_plan_io.memory_plan(model, plan_for="given figures", vram_gb=vram, ram_gb=0.001, disk_gb=0,
+                                       width=64, height=64)
+        msg = str(e.value)
+        assert f"the VRAM given ({vram:.2f} GiB) is at or below core's 0.80 GiB reserve" in msg, msg
+        assert "0.00 GiB" not in msg, msg
+    out, _, info = memory_plan_io.memory_plan(model, plan_for="given figures", vram_gb=0, ram_gb=0.05, disk_gb=10, allow_fp8=False,
+                                              width=64, height=64, disk_folder=str(tmp_path))
+    assert info["pick"] == "stream from disk", info["reasons"]
+    with pytest.raises(ValueError, match=r"^Balanced Device Map: this MODEL comes through Memory Plan \(its pick streams "
+                                         r"the weights from RAM or disk\).*or use Memory Plan alone") as e:
+        device_map_patcher.device_map_model(out, "balanced", "auto")
+    assert "Group Offload" not in str(e.value)
+

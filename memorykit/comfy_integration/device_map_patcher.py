@@ -58,6 +58,7 @@ class _AppliedDeviceMap(placement.Placement):
     def undo(self, base_model) -> None:
         """Hooks removed, every weight back where it was (``DispatchedModel.remove``), counters reset."""
         self.handle.remove()
+        placement.fault_point("undo")
         base_model.model_loaded_weight_memory = 0
         base_model.device = self.offload_device
 
@@ -149,9 +150,11 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     from ..report import build_report, format_report
 
     if model.get_attachment(GROUP_OFFLOAD_KEY) is not None:
-        raise ValueError("Balanced Device Map: this MODEL comes through Group Offload, and both nodes decide where "
+        node = placement.placed_by(model)  # Group Offload, or Memory Plan that applied it
+        how = "" if node == "Group Offload" else " (its pick streams the weights from RAM or disk)"
+        raise ValueError(f"Balanced Device Map: this MODEL comes through {node}{how}, and both nodes decide where "
                          "the weights live. Connect Balanced Device Map to the loader (or LoRA loader) directly, "
-                         "or use Group Offload alone.")
+                         f"or use {node} alone.")
     diffusion_model = model.get_model_object("diffusion_model")
     no_split = dmap.block_classes(diffusion_model)
     if custom_device_map and custom_device_map.strip():

@@ -317,6 +317,8 @@ def apply_plan(model, plan: mp.Plan, disk_folder: str = ""):
         budget = pick.vram_budget_bytes if plan.machine.source == "measured" and plan.machine.gpu else 0
         out, applied["group_offload"] = prepare_group_offload(out, GroupOffloadSettings(
             options=opts, vram_budget_bytes=int(budget), disk_folder=disk_folder))
+        if out is not model:  # a clone of this node's: messages downstream name Memory Plan, the node in the graph
+            out.set_attachments(placement.PLANNED_KEY, pick.name)
     return out, applied
 
 
