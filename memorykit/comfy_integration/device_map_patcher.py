@@ -24,6 +24,7 @@ from .common import loaded_models
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
 from .offload_patcher import GROUP_OFFLOAD_KEY
 from .fp8_patcher import plain_fp8_layers
+from .model_view import own_module
 
 DEVICE_MAP_ATTACHMENT = "memorykit_device_map"
 # ComfyUI passes transformer_options (patches, wrappers, callbacks) down every forward; its
@@ -154,7 +155,7 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
         raise ValueError(f"Balanced Device Map: this MODEL comes through {node}{how}, and both nodes decide where "
                          "the weights live. Connect Balanced Device Map to the loader (or LoRA loader) directly, "
                          f"or use {node} alone.")
-    diffusion_model = model.get_model_object("diffusion_model")
+    diffusion_model = own_module(model)  # its own modules, not another loaded clone's patches
     no_split = dmap.block_classes(diffusion_model)
     if custom_device_map and custom_device_map.strip():
         device_map = dmap.validate_device_map(diffusion_model, dmap.parse_custom_device_map(custom_device_map))

@@ -35,6 +35,7 @@ from .compat import (
     patcher_free_memory,
 )
 from .fp8_patcher import plain_fp8_layers
+from .model_view import own_module
 
 _log = logging.getLogger("MemoryKit")
 GROUP_OFFLOAD_KEY = "memorykit_group_offload"
@@ -272,7 +273,7 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
     n.set_attachments(GROUP_OFFLOAD_KEY, settings)
     n.remove_wrappers_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY)
     n.add_wrapper_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY, _group_offload_outer_sample)
-    dm = n.model.diffusion_model
+    dm = own_module(n)  # the preview sizes this MODEL's modules, not another loaded clone's patches
     budget = _preview_budget(n, settings)
     opts = settings.options
     if torch.device(n.load_device).type == "cpu":
