@@ -25,6 +25,7 @@ import torch
 
 from .. import badge, offload, offload_plan, report
 from . import placement
+from .placement import comfy_block_lists
 from ..units import size_text
 from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models, weight_dtype_options
@@ -84,23 +85,6 @@ class _OffloadState(placement.Placement):
         base_model.model_lowvram = False
         base_model.lowvram_patch_counter = 0
         base_model.current_weight_patches_uuid = None
-
-
-def comfy_block_lists(diffusion_model: torch.nn.Module) -> offload_plan.BlockLists:
-    """Blocks of a ComfyUI diffusion model: diffusers' rule, except that the elements of a
-    ``TimestepEmbedSequential`` (SD/SDXL UNets) are the blocks, because ComfyUI's
-    ``forward_timestep_embed`` calls those layers directly and never the container's forward."""
-    from comfy.ldm.modules.diffusionmodules.openaimodel import TimestepEmbedSequential
-    out = []
-    for name, lists in offload_plan.default_block_lists(diffusion_model):
-        items = []
-        for qn, b in lists:
-            if isinstance(b, TimestepEmbedSequential):
-                items += [(f"{qn}.{j}", layer) for j, layer in enumerate(b)]
-            else:
-                items.append((qn, b))
-        out.append((name, items))
-    return out
 
 
 def _offload_state(base_model) -> _OffloadState | None:
