@@ -164,6 +164,24 @@ def default_block_lists(module: nn.Module) -> BlockLists:
     return out
 
 
+def block_lists(module: nn.Module, containers: tuple = ()) -> BlockLists:
+    """The blocks of ``module`` — the one rule of the pack: Group Offload streams these blocks and
+    Balanced Device Map never splits them (:func:`memorykit.device_map.block_classes`).
+    :func:`default_block_lists`, with each element that is an instance of one of ``containers``
+    (a container whose forward the model never calls as a whole, e.g. ComfyUI's
+    ``TimestepEmbedSequential``) replaced by its elements."""
+    out = []
+    for name, items in default_block_lists(module):
+        flat = []
+        for qn, b in items:
+            if containers and isinstance(b, containers):
+                flat += [(f"{qn}.{j}", layer) for j, layer in enumerate(b)]
+            else:
+                flat.append((qn, b))
+        out.append((name, flat))
+    return out
+
+
 def _list_blocks(qn: str, lst: nn.Module) -> list[tuple[str, nn.Module]]:
     """The elements of a list; an element that is itself an ``nn.ModuleList`` (Stable Cascade's
     ``down_blocks``, a list of lists) is replaced by its elements: a ModuleList has no forward,

@@ -24,6 +24,7 @@ import torch
 from .. import fp8
 from . import compat, fp8_core, linear_args, placement
 from .compat import apply_weight_patch
+from .model_view import own_module, own_object
 
 FP8_ATTACHMENT = "memorykit_fp8"
 # Attributes ComfyUI sets on a loaded module; a new layer starts without them.
@@ -332,7 +333,7 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
 
     placement.release(model.model)  # a loaded Group Offload / device map holds placeholders: read real weights
     n = model.clone()
-    dm = n.model.diffusion_model
+    dm = own_module(n)  # this MODEL's modules, not another loaded clone's applied FP8 layers
     family = fp8.detect_family(dm)
     patterns = fp8.default_skip_patterns(family, skip_preset) + fp8.parse_patterns(extra_skip_patterns)
     prefix = "diffusion_model."
@@ -397,7 +398,7 @@ def cast_layers(n, prefix: str, names: list[str], storage, scaling: str, compute
         cmm.throw_exception_if_processing_interrupted()  # Cancel stops here; the clone is dropped
         key = prefix + name
         in_tree = key not in n.object_patches and key not in n.object_patches_backup
-        orig = n.get_model_object(key) if not in_tree else comfy.utils.get_attr(n.model, key)
+        orig = own_object(n, key)
         w = _unpatched(n, orig, key, "weight", in_tree)
         core = core_fmt is not None and isinstance(orig, torch.nn.Linear)
         q, s = _quantized(w, storage, scaling, work, n.offload_device, memo=core,

@@ -35,6 +35,7 @@ from .offload_patcher import (
     prepare_group_offload,
 )
 from .cleanup import usable_disk_folder
+from .model_view import own_module
 
 _log = logging.getLogger("MemoryKit")
 _CACHE: dict[str, dict] = {}
@@ -210,7 +211,7 @@ def model_figures(patcher, shape: list[int]) -> mp.ModelFigures:
     cast (its ``auto`` skip preset), activations from core's ``memory_required`` for the batch
     core samples (cond + uncond: ``2 × batch``, comfy/sampler_helpers.py), FLOPs ≈ 2 × parameters
     × tokens (latent positions / patch area) × that batch."""
-    dm = patcher.model.diffusion_model
+    dm = own_module(patcher)  # not another loaded clone's patches (FP8 layers) applied to the shared model
     lists = comfy_block_lists(dm)
     batch = 2 * shape[0]
     run_shape = [batch] + list(shape[1:])

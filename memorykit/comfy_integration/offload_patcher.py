@@ -25,6 +25,7 @@ import torch
 
 from .. import badge, offload, offload_plan, report
 from . import compat, placement
+from .placement import comfy_block_lists
 from ..units import size_text
 from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models, weight_dtype_options
@@ -36,6 +37,7 @@ from .compat import (
     patcher_free_memory,
 )
 from .fp8_patcher import plain_fp8_layers
+from .model_view import own_module
 
 _log = logging.getLogger("MemoryKit")
 GROUP_OFFLOAD_KEY = "memorykit_group_offload"
@@ -87,23 +89,6 @@ class _OffloadState(placement.Placement):
         base_model.model_lowvram = False
         base_model.lowvram_patch_counter = 0
         base_model.current_weight_patches_uuid = None
-
-
-def comfy_block_lists(diffusion_model: torch.nn.Module) -> offload_plan.BlockLists:
-    """Blocks of a ComfyUI diffusion model: diffusers' rule, except that the elements of a
-    ``TimestepEmbedSequential`` (SD/SDXL UNets) are the blocks, because ComfyUI's
-    ``forward_timestep_embed`` calls those layers directly and never the container's forward."""
-    from comfy.ldm.modules.diffusionmodules.openaimodel import TimestepEmbedSequential
-    out = []
-    for name, lists in offload_plan.default_block_lists(diffusion_model):
-        items = []
-        for qn, b in lists:
-            if isinstance(b, TimestepEmbedSequential):
-                items += [(f"{qn}.{j}", layer) for j, layer in enumerate(b)]
-            else:
-                items.append((qn, b))
-        out.append((name, items))
-    return out
 
 
 def _offload_state(base_model) -> _OffloadState | None:
@@ -283,7 +268,7 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
     n.set_attachments(GROUP_OFFLOAD_KEY, settings)
     n.remove_wrappers_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY)
     n.add_wrapper_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY, _group_offload_outer_sample)
-    dm = n.model.diffusion_model
+    dm = own_module(n)  # the preview sizes this MODEL's modules, not another loaded clone's patches
     budget = _preview_budget(n, settings)
     opts = settings.options
     if torch.device(n.load_device).type == "cpu":

@@ -29,6 +29,7 @@ import logging
 import weakref
 
 from ..module_state import ModuleState
+from ..offload_plan import BlockLists, block_lists
 
 _log = logging.getLogger("MemoryKit")
 _ATTR = "_memorykit_placement"
@@ -44,6 +45,21 @@ def fault_point(stage: str) -> None:
     """Run :data:`fault_hook` for ``stage`` (nothing in use)."""
     if fault_hook is not None:
         fault_hook(stage)
+
+
+def comfy_block_lists(diffusion_model) -> BlockLists:
+    """The blocks of a ComfyUI diffusion model, for every placement (Group Offload streams them,
+    Balanced Device Map keeps each whole): :func:`memorykit.offload_plan.block_lists` (diffusers'
+    block_level rule), with the elements of a ``TimestepEmbedSequential`` (SD/SDXL UNets) as the
+    blocks, because ComfyUI's ``forward_timestep_embed`` calls those layers directly and never
+    the container's forward."""
+    from comfy.ldm.modules.diffusionmodules.openaimodel import TimestepEmbedSequential
+    return block_lists(diffusion_model, (TimestepEmbedSequential,))
+
+
+def comfy_block_names(diffusion_model) -> list[str]:
+    """Qualified names of the blocks of :func:`comfy_block_lists`, in module order."""
+    return [qn for _, items in comfy_block_lists(diffusion_model) for qn, _ in items]
 
 
 class Placement:
