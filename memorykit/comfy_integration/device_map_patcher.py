@@ -18,7 +18,7 @@ import torch
 
 from .. import device_map as dmap
 from ..device_dispatch import dispatch_device_map
-from . import placement
+from . import compat, placement
 from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
@@ -105,7 +105,8 @@ class _DeviceMapPatcherMixin(placement.PlacementPatcher):
         # lowvram casting, weights stay in RAM; accelerate then places them.
         self._core_load(self.offload_device, 0, force_patch_weights, True)
         handle = dispatch_device_map(self.model.diffusion_model, plan.device_map, plan.offload_folder, plan.main_device,
-                                     skip_keys=_DEVICE_MAP_SKIP_KEYS, preload_module_classes=list(plan.block_classes))
+                                     skip_keys=_DEVICE_MAP_SKIP_KEYS, preload_module_classes=list(plan.block_classes),
+                                     is_oom=compat.is_oom)
         placement.install(self, _AppliedDeviceMap(handle, plan, self.patches_uuid, _device(device_to),
                                                   self.offload_device))
         on_load_device = dmap.bytes_per_device(self.model.diffusion_model, plan.device_map).get(
