@@ -211,7 +211,7 @@ def apply_group_offload(module: nn.Module, onload_device: str | torch.device,
         if not streamed:  # everything fits the budget: no hooks, only the forward counter
             _install_counters(h, [])
             return h
-        if options.use_stream and not options.low_cpu_mem_usage and onload.type == "cuda":
+        if options.use_stream and not options.low_cpu_mem_usage and options.page_lock and onload.type == "cuda":
             _page_lock(h, streamed)
         block_level = options.offload_type == "block_level"
         kwargs = dict(onload_device=onload, offload_device=offload, offload_type=options.offload_type,
@@ -247,7 +247,7 @@ def _apply_event_ring(h: GroupOffloadHandle, lists: BlockLists) -> None:
     module.__dict__[_MARK] = weakref.ref(h)
     try:
         h.ring = EventRing(module, pairs, h.onload_device, plan.buffer_bytes, use_stream=options.use_stream,
-                           pin=not options.low_cpu_mem_usage, disk_folder=h.disk_dir)
+                           pin=not options.low_cpu_mem_usage, disk_folder=h.disk_dir, lock=options.page_lock)
     except OSError as e:
         raise RuntimeError(f"Writing the offloaded weights to {h.disk_dir!r} failed ({e.strerror or e}): free "
                            "space or choose another disk_folder.") from None
@@ -367,6 +367,15 @@ def remove_group_offload(h: GroupOffloadHandle) -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized() and hasattr(torch._C, "_host_emptyCache"):
         torch._C._host_emptyCache()  # give diffusers' pinned copies (if any) back to the OS
     h.removed = True
+
+
+def page_locked_bytes(h: GroupOffloadHandle) -> int:
+    """Host bytes this application page-locked itself (``cudaHostRegister``; 0 once removed)."""
+    if h.removed:
+        return 0
+    if h.ring is not None:
+        return h.ring.pinned_bytes
+    return sum(t.untyped_storage().nbytes() for _, t in h._locked)
 
 
 def offload_figures(h: GroupOffloadHandle) -> dict:

@@ -435,3 +435,36 @@ def test_round3_item8_memory_plan_names_the_reserve_and_the_node(loaded, tmp_pat
         device_map_patcher.device_map_model(out, "balanced", "auto")
     assert "Group Offload" not in str(e.value)
 
+
+# -- round 3, item 3: a node inspects its MODEL's own modules, not another clone's patches --------
+
+def test_round3_item3_inspection_ignores_another_loaded_clones_fp8_layers(loaded):
+    """After an FP8 prompt the FP8 clone stays loaded and its float8 layers sit in the model the
+    clones share: Memory Plan read them as "already float8" (its pick changed with what ran
+    before; a plan queued after an FP8 prompt sampled the wrong model), and FP8 Layerwise Cast saw
+    nothing left to cast. Every inspecting node reads the MODEL's own modules."""
+    import comfy.model_management as mm
+    from comfyui_memorykit.memorykit.comfy_integration import device_map_patcher, fp8_patcher, memory_plan_io
+    from comfyui_memorykit.memorykit.comfy_integration.model_view import own_module
+    model = loaded("sd15").patcher
+    shape = [1, 4, 8, 8]
+    fresh = memory_plan_io.model_figures(model, shape)
+    _, fresh_info = fp8_patcher.fp8_layerwise_cast(model)
+    fresh_map = device_map_patcher.device_map_model(model, "balanced", "cpu=64GiB")[1]["bytes_per_device"]
+    other, _ = fp8_patcher.fp8_layerwise_cast(model)
+    mm.load_models_gpu([other])  # its float8 layers are now applied to the shared modules
+    try:
+        applied = [k for k in other.object_patches if k in other.object_patches_backup]
+        assert applied and model.model.diffusion_model.get_submodule(applied[0][len("diffusion_model."):]) \
+            is other.object_patches[applied[0]]
+        assert memory_plan_io.model_figures(model, shape) == fresh
+        again, info = fp8_patcher.fp8_layerwise_cast(model)
+        assert (info["cast_layers"], info["weight_bytes_after"]) == (fresh_info["cast_layers"], fresh_info["weight_bytes_after"])
+        assert device_map_patcher.device_map_model(model, "balanced", "cpu=64GiB")[1]["bytes_per_device"] == fresh_map
+        view = own_module(model)
+        assert view is not model.model.diffusion_model and \
+            view.get_submodule(applied[0][len("diffusion_model."):]) is other.object_patches_backup[applied[0]]
+    finally:
+        mm.unload_all_models()
+    assert own_module(model) is model.model.diffusion_model  # nothing applied: the tree itself
+

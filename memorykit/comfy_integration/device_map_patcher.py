@@ -18,11 +18,12 @@ import torch
 
 from .. import device_map as dmap
 from ..device_dispatch import dispatch_device_map
-from . import placement
+from . import compat, placement
 from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
 from .fp8_patcher import plain_fp8_layers
+from .model_view import own_module
 
 DEVICE_MAP_ATTACHMENT = placement.DEVICE_MAP_ATTACHMENT
 # ComfyUI passes transformer_options (patches, wrappers, callbacks) down every forward; its
@@ -105,7 +106,8 @@ class _DeviceMapPatcherMixin(placement.PlacementPatcher):
         # lowvram casting, weights stay in RAM; accelerate then places them.
         self._core_load(self.offload_device, 0, force_patch_weights, True)
         handle = dispatch_device_map(self.model.diffusion_model, plan.device_map, plan.offload_folder, plan.main_device,
-                                     skip_keys=_DEVICE_MAP_SKIP_KEYS, preload_module_classes=list(plan.block_classes))
+                                     skip_keys=_DEVICE_MAP_SKIP_KEYS, preload_module_classes=list(plan.block_classes),
+                                     is_oom=compat.is_oom)
         placement.install(self, _AppliedDeviceMap(handle, plan, self.patches_uuid, _device(device_to),
                                                   self.offload_device))
         on_load_device = dmap.bytes_per_device(self.model.diffusion_model, plan.device_map).get(
@@ -156,7 +158,7 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
         raise ValueError(f"Balanced Device Map: this MODEL comes through {node}{how}, and both nodes decide where "
                          "the weights live. Connect Balanced Device Map to the loader (or LoRA loader) directly, "
                          f"or use {node} alone.")
-    diffusion_model = model.get_model_object("diffusion_model")
+    diffusion_model = own_module(model)  # its own modules, not another loaded clone's patches
     blocks = placement.comfy_block_names(diffusion_model)  # the blocks Group Offload streams
     no_split = dmap.block_classes(diffusion_model, blocks)
     if custom_device_map and custom_device_map.strip():

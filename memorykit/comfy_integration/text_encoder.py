@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .. import fp8, offload, offload_plan
-from . import fp8_core, fp8_patcher, placement
+from . import compat, fp8_core, fp8_patcher, placement
 from .cleanup import default_disk_folder, usable_disk_folder
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
 from .offload_patcher import (
@@ -134,6 +134,8 @@ class TextEncoderOffloadModelPatcher(GroupOffloadModelPatcher):
             raise
         st = _TextEncoderOffloadState(handles, s, self.patches_uuid, device_to, self.offload_device, self.backup)
         st.notes += notes
+        st.counted_pinned = sum(offload.page_locked_bytes(h) for h in handles)
+        compat.count_pinned(st.counted_pinned)  # core's pin budget sees the ring's page-locked host memory
         placement.install(self, st)
         self._mark_loaded(device_to, sum(h.plan.footprint_bytes for h in handles),
                           sum(h.plan.buffer_bytes for h in handles))
@@ -156,7 +158,7 @@ def text_encoder_group_offload(clip, settings: GroupOffloadSettings):
     _check_clip(clip, node)
     settings = _te_offload_options(settings)
     opts = settings.options
-    info = {"options": {k: v for k, v in vars(opts).items() if k not in ("exclude_kwargs", "keep_remainder")}}
+    info = {"options": {k: v for k, v in vars(opts).items() if k not in ("exclude_kwargs", "keep_remainder", "page_lock")}}
     if opts.offload_to == "cpu" and torch.device(clip.patcher.load_device).type == "cpu":
         info.update(status="passthrough", reason="the text encoder computes on the CPU, so offloading to CPU RAM "
                     "changes nothing (offload_to=disk still saves RAM)")
@@ -282,7 +284,16 @@ class _TextEncoderDeviceMixin:
         return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
 
     def detach(self, unpatch_all=True):
-        return super().detach(True)
+        # unpatch_all=False outside garbage collection: load_models_gpu hands the weights to another
+        # clone, which may compute elsewhere (a core patcher would keep them here): unload fully.
+        # Collected (core's __del__): as core does, the weights another clone may use stay.
+        return super().detach(unpatch_all or not self.__dict__.get("_mk_collected", False))
+
+    def __del__(self):
+        self.__dict__["_mk_collected"] = True
+        parent = getattr(super(), "__del__", None)
+        if parent is not None:
+            parent()
 
 
 _DEVICE_CLASSES: dict[type, type] = {}

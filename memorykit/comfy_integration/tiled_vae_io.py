@@ -58,7 +58,8 @@ def vae_shape(vae, direction: str = "decode") -> tv.VAEShape:
         causal = False
     else:
         raise ValueError(f"{type(vae.first_stage_model).__name__}: unsupported time mapping "
-                         f"({[up(n) for n in (1, 2, 3)]} frames for 1..3 latent frames)")
+                         f"({[up(n) for n in (1, 2, 3)]} frames for 1..3 latent frames): Tiled VAE cannot "
+                         "cut this VAE's video into tiles; use ComfyUI's VAE Decode/Encode (Tiled) for it")
     return tv.VAEShape(int(vae.latent_channels), spatial, k, causal, time_mode(vae, direction) != "tiles")
 
 
