@@ -21,6 +21,11 @@ from :class:`PlacementPatcher`, which calls the functions below):
 - **readers**: a node that reads the shared weights while a placement may be applied (e.g. FP8
   Layerwise Cast) calls :func:`release` first; a node that has ComfyUI load the model to read
   it (Save Sharded: core's savers call ``load_models_gpu``) does so inside :func:`plain_load`.
+- **failure**: whatever raises while a placement is applied, the model is put back as it was
+  (:meth:`PlacementPatcher._place`, :class:`memorykit.module_state.ModuleState`); an undo that
+  raises half-way is finished (:func:`remove`). :data:`fault_hook` lets tests fail on purpose.
+- **blocks**: every placement sees the same blocks (:func:`comfy_block_lists`): Group Offload
+  streams them, Balanced Device Map never splits them.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ import torch
 
 from .. import weight_parts
 from ..module_state import ModuleState
+from ..offload_plan import BlockLists, block_lists
 
 _log = logging.getLogger("MemoryKit")
 _ATTR = "_memorykit_placement"
@@ -49,11 +55,29 @@ def fault_point(stage: str) -> None:
         fault_hook(stage)
 
 
+def comfy_block_lists(diffusion_model) -> BlockLists:
+    """The blocks of a ComfyUI diffusion model, for every placement (Group Offload streams them,
+    Balanced Device Map keeps each whole): :func:`memorykit.offload_plan.block_lists` (diffusers'
+    block_level rule), with the elements of a ``TimestepEmbedSequential`` (SD/SDXL UNets) as the
+    blocks, because ComfyUI's ``forward_timestep_embed`` calls those layers directly and never
+    the container's forward."""
+    from comfy.ldm.modules.diffusionmodules.openaimodel import TimestepEmbedSequential
+    return block_lists(diffusion_model, (TimestepEmbedSequential,))
+
+
+def comfy_block_names(diffusion_model) -> list[str]:
+    """Qualified names of the blocks of :func:`comfy_block_lists`, in module order."""
+    return [qn for _, items in comfy_block_lists(diffusion_model) for qn, _ in items]
+
+
 class Placement:
     """One applied placement; subclasses hold what undoing it needs and implement :meth:`undo`.
 
     ``key``: what the placement was made for (compared with ``==`` by :func:`reuse`).
+    ``memory_path``: how Memory Report names a model with this placement applied.
     """
+
+    memory_path = "MemoryKit placement"
 
     def __init__(self, key: tuple):
         self.key = key
@@ -80,6 +104,12 @@ def applied(base_model) -> Placement | None:
     return base_model.__dict__.get(_ATTR)
 
 
+def memory_path(base_model) -> str | None:
+    """Memory Report's name for the placement applied to ``base_model`` now, or None."""
+    p = applied(base_model)
+    return p.memory_path if p is not None else None
+
+
 def owns(patcher) -> bool:
     """True when ``patcher`` owns the placement applied to its model."""
     p = applied(patcher.model)
@@ -92,15 +122,19 @@ def _finalize(base_model, placement, owner_id) -> None:
         remove(base_model)
 
 
-# The attachment each placement node sets on its MODEL clone → the node's name (the attachment
-# keys of offload_patcher.GROUP_OFFLOAD_KEY and device_map_patcher.DEVICE_MAP_ATTACHMENT).
-PLACED_BY = {"memorykit_group_offload": "Group Offload", "memorykit_device_map": "Balanced Device Map"}
+# The attachment each placement node sets on its MODEL clone, and → the node's name.
+GROUP_OFFLOAD_KEY = "memorykit_group_offload"
+DEVICE_MAP_ATTACHMENT = "memorykit_device_map"
+PLACED_BY = {GROUP_OFFLOAD_KEY: "Group Offload", DEVICE_MAP_ATTACHMENT: "Balanced Device Map"}
+PLANNED_KEY = "memorykit_memory_plan"  # set by Memory Plan on the MODEL it placed with Group Offload's code
 
 
 def placed_by(patcher) -> str | None:
-    """The name of the placement node (Group Offload, Balanced Device Map) ``patcher``'s MODEL
-    comes through, or None: such a MODEL already has its weights' places decided."""
-    return next((name for key, name in PLACED_BY.items() if patcher.get_attachment(key) is not None), None)
+    """The name of the node (Group Offload, Balanced Device Map, or Memory Plan where it applied
+    Group Offload's code) ``patcher``'s MODEL comes through, as the user's graph shows it, or
+    None: such a MODEL already has its weights' places decided."""
+    name = next((name for key, name in PLACED_BY.items() if patcher.get_attachment(key) is not None), None)
+    return "Memory Plan" if name is not None and patcher.get_attachment(PLANNED_KEY) is not None else name
 
 
 def _take_ownership(patcher, p: Placement) -> None:
