@@ -66,11 +66,10 @@ def test_group_offload_disk_on_quantized_zoo_is_bit_exact(qarch, tmp_path):
 
 def test_device_map_on_quantized_zoo_is_bit_exact(qarch, tmp_path):
     from comfyui_memorykit.memorykit import comfy_integration as ci
-    from comfyui_memorykit.memorykit import device_map as dmap
 
     def size(m):  # as the plan counts (full-precision sizes of quantized layers, see docs)
         return sum(t.numel() * t.element_size() for t in list(m.parameters()) + list(m.buffers()))
-    blocks = dmap.block_names(qarch.dm, dmap.block_classes(qarch.dm))
+    blocks = [qn for _, items in ci.comfy_block_lists(qarch.dm) for qn, _ in items]
     cpu = size(qarch.dm) - sum(size(qarch.dm.get_submodule(b)) for b in blocks) // 2  # both devices used
     clone, rep, _ = ci.device_map_model(qarch.patcher, "balanced", f"cpu={cpu}, disk", str(tmp_path))
     assert set(rep["bytes_per_device"]) == {"cpu", "disk"}, rep["bytes_per_device"]
