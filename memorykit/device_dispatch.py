@@ -122,6 +122,7 @@ class _Unwrapped:
         parts = weight_parts.parts(weight)
         self.inference = [p.is_inference() for p in parts]
         self.was_param = isinstance(weight, torch.nn.Parameter)
+        self.order = list(module._parameters)
         self.names = [f"{name}{PART}{i}" for i in range(len(parts))]
         self.meta = weight_parts.rebuild(weight, [torch.empty_like(p, device="meta") for p in parts])
         for n, p in zip(self.names, parts):
@@ -141,6 +142,9 @@ class _Unwrapped:
         parts = []
         for n, inf in zip(self.names, self.inference):
             cur = m._parameters.pop(n)
+            if cur.is_inference() == inf:
+                parts.append(cur.data)  # its own storage, as loaded where nothing moved it (same alignment, same kernels)
+                continue
             with torch.inference_mode(inf):
                 own = torch.empty_like(cur, device=cur.device)
                 own.copy_(cur)
@@ -149,6 +153,10 @@ class _Unwrapped:
         with torch.inference_mode(any(self.inference)):
             w = weight_parts.rebuild(self.meta, parts)
             m._parameters[self.name] = torch.nn.Parameter(w, requires_grad=False) if self.was_param else w
+        items = dict(m._parameters)  # the parameters in their order as loaded
+        m._parameters.clear()
+        m._parameters.update({k: items.pop(k) for k in self.order if k in items})
+        m._parameters.update(items)
 
 
 def _unwrap(module: torch.nn.Module) -> list[_Unwrapped]:
