@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import device_map as dmap
+from .. import device_map as dmap, weight_parts
 from ..device_dispatch import dispatch_device_map
 from ..offload import check_disk_folder
 from . import placement
@@ -50,15 +50,18 @@ class DeviceMapPlan:
 class _AppliedDeviceMap(placement.Placement):
     """The dispatched map (a :class:`placement.Placement`, keyed on plan, patch uuid, device)."""
 
-    def __init__(self, handle, plan: DeviceMapPlan, patches_uuid, device, offload_device):
+    def __init__(self, handle, plan: DeviceMapPlan, patches_uuid, device, offload_device, parts=None):
         super().__init__((plan, patches_uuid, device))
         self.handle = handle    # device_dispatch.DispatchedModel
+        self.parts = parts      # weight_parts.Decomposed: GGUF weights placed as their raw bytes
         self.plan = plan
         self.offload_device = offload_device
 
     def undo(self, base_model) -> None:
         """Hooks removed, every weight back where it was (``DispatchedModel.remove``), counters reset."""
         self.handle.remove()
+        if self.parts is not None:
+            self.parts.restore()
         base_model.model_loaded_weight_memory = 0
         base_model.device = self.offload_device
 
@@ -94,15 +97,24 @@ class _DeviceMapPatcherMixin:
         plan = self._device_map_plan()
         if plan is None:
             placement.remove(self.model)
-            return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
+            # keywords: ComfyUI-GGUF's load takes force_patch_weights as a keyword only
+            return super().load(device_to, lowvram_model_memory=lowvram_model_memory,
+                                force_patch_weights=force_patch_weights, full_load=full_load)
         placement.remove(self.model)
         # ComfyUI's own full load onto the offload device: applies weight patches (LoRA), no
         # lowvram casting, weights stay in RAM; accelerate then places them.
-        super().load(self.offload_device, 0, force_patch_weights, True)
-        handle = dispatch_device_map(self.model.diffusion_model, plan.device_map, plan.offload_folder, plan.main_device,
-                                     skip_keys=_DEVICE_MAP_SKIP_KEYS, preload_module_classes=list(plan.block_classes))
+        super().load(self.offload_device, lowvram_model_memory=0, force_patch_weights=force_patch_weights,
+                     full_load=True)
+        parts = weight_parts.decompose(self.model.diffusion_model)  # GGUF: raw bytes placed, rebuilt at forward
+        try:
+            handle = dispatch_device_map(self.model.diffusion_model, plan.device_map, plan.offload_folder,
+                                         plan.main_device, skip_keys=_DEVICE_MAP_SKIP_KEYS,
+                                         preload_module_classes=list(plan.block_classes))
+        except BaseException:
+            parts.restore()
+            raise
         placement.install(self, _AppliedDeviceMap(handle, plan, self.patches_uuid, _device(device_to),
-                                                  self.offload_device))
+                                                  self.offload_device, parts))
         on_load_device = dmap.bytes_per_device(self.model.diffusion_model, plan.device_map).get(
             dmap.device_name(_map_device_of(device_to)), 0)
         self.model.device = device_to
@@ -147,6 +159,12 @@ class _DeviceMapPatcherMixin:
         if same:
             placement.mark_handover(self, other)
         return same
+
+    def clone(self, *args, **kwargs):
+        n = super().clone(*args, **kwargs)
+        if type(n) is not type(self) and isinstance(self, type(n)):
+            n.__class__ = type(self)  # ComfyUI-GGUF's clone makes every clone a plain GGUFModelPatcher
+        return n
 
     def detach(self, unpatch_all=True):
         # The owner's full detach: the map removed (weights back where they were), then ComfyUI's

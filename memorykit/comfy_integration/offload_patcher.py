@@ -24,12 +24,13 @@ import comfy.model_patcher
 import comfy.patcher_extension as pe
 import comfy.utils
 
-from .. import badge, offload, offload_plan, report
+from .. import badge, offload, offload_plan, report, weight_parts
 from . import placement
 from .cleanup import default_disk_folder
 from .common import loaded_models, weight_dtype_options
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram, patcher_free_memory
 from .fp8_patcher import plain_fp8_layers
+from .gguf_weights import is_gguf_patcher, placement_class
 
 _log = logging.getLogger("MemoryKit")
 GROUP_OFFLOAD_KEY = "memorykit_group_offload"
@@ -51,9 +52,10 @@ class GroupOffloadSettings:
 class _OffloadState(placement.Placement):
     """The applied offload (a :class:`placement.Placement`, keyed on settings, patch uuid, device)."""
 
-    def __init__(self, handle, settings, patches_uuid, device, offload_device, backup):
+    def __init__(self, handle, settings, patches_uuid, device, offload_device, backup, parts=None):
         super().__init__((settings, patches_uuid, device))
         self.handle, self.settings, self.patches_uuid = handle, settings, patches_uuid
+        self.parts = parts  # weight_parts.Decomposed: GGUF weights streamed as their raw bytes
         self.device, self.offload_device, self.backup = device, offload_device, backup
         self.last_run: dict | None = None
         self.notes: list[str] = []
@@ -62,6 +64,8 @@ class _OffloadState(placement.Placement):
         """Weights back on the offload device with their unpatched values (LoRA backups restored
         as ``ModelPatcher.unpatch_model`` does), weight functions wiped, ComfyUI's load counters reset."""
         offload.remove_group_offload(self.handle)
+        if self.parts is not None:
+            self.parts.restore()
         for k, bk in list(self.backup.items()):
             (comfy.utils.copy_to_param if bk.inplace_update else comfy.utils.set_attr_param)(base_model, k, bk.weight)
         self.backup.clear()
@@ -139,7 +143,9 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
     def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
         s = self._offload_settings(device_to, force_patch_weights)
         if s is None:
-            return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
+            # keywords: ComfyUI-GGUF's load takes force_patch_weights as a keyword only
+            return super().load(device_to, lowvram_model_memory=lowvram_model_memory,
+                                force_patch_weights=force_patch_weights, full_load=full_load)
         with self.use_ejected():
             self.unpatch_model(_STORE, unpatch_weights=True)
             self._apply_group_offload(torch.device(device_to), s, lowvram_model_memory or 1e32)
@@ -204,13 +210,21 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
         if budget is None and device_to.type != "cpu":
             budget = patcher_free_memory(self, device_to) - mm.minimum_inference_memory()
             budget = max(0, int(min(budget, extra_memory)))
-        handle = offload.apply_group_offload(
-            dm, device_to, store, options=opts, budget_bytes=budget,
-            block_lists=comfy_block_lists(dm), disk_folder=s.disk_folder or default_disk_folder(),
-            disk_tag=f"{type(self.model).__name__}-{str(self.patches_uuid)[:8]}")
+        parts = weight_parts.decompose(dm)  # GGUF weights: their raw bytes stream, rebuilt at forward
+        try:
+            handle = offload.apply_group_offload(
+                dm, device_to, store, options=opts, budget_bytes=budget,
+                block_lists=comfy_block_lists(dm), disk_folder=s.disk_folder or default_disk_folder(),
+                disk_tag=f"{type(self.model).__name__}-{str(self.patches_uuid)[:8]}")
+        except BaseException:
+            parts.restore()
+            raise
+        if parts:
+            notes.append(", ".join(f"{n} {k} weights" for k, n in parts.kinds.items())
+                         + " streamed as stored (quantized bytes, dequantised by their layers at forward)")
         if handle.plan.below_minimum:
             notes.append(f"budget {budget / 2**30:.2f} GiB is below the minimum footprint: everything streams")
-        st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup)
+        st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup, parts)
         st.notes += notes
         placement.install(self, st)
         plan = handle.plan
@@ -229,11 +243,12 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
 
 
 def _standard_clone(model):
-    """A clone of ``model`` managed by core's standard ModelPatcher (opted out of dynamic VRAM
-    without a second copy, see :func:`compat.opt_out_of_dynamic_vram`).
+    """A clone of ``model`` managed by core's standard ModelPatcher or ComfyUI-GGUF's (opted out of
+    dynamic VRAM without a second copy, see :func:`compat.opt_out_of_dynamic_vram`).
 
     Raises RuntimeError when another node pack's patcher class manages the model (its own load
-    logic would conflict with offloading) or when the MODEL has no diffusion model; ValueError
+    logic would conflict with offloading; GGUF's is composed with the offload, see
+    :func:`gguf_weights.placement_class`) or when the MODEL has no diffusion model; ValueError
     when it comes through Balanced Device Map (both decide where the weights live).
     """
     from .device_map_patcher import DEVICE_MAP_ATTACHMENT  # imports this module
@@ -242,9 +257,11 @@ def _standard_clone(model):
                          "the weights live. Connect Group Offload to the loader (or LoRA loader) directly, or use "
                          "Balanced Device Map alone.")
     n = opt_out_of_dynamic_vram(model, "Group Offload")
-    if type(n) not in (comfy.model_patcher.ModelPatcher, GroupOffloadModelPatcher):
-        raise RuntimeError(f"Group Offload needs a model managed by ComfyUI's standard ModelPatcher; this MODEL "
-                           f"uses {type(n).__name__} (from another custom node). Load it with a core loader.")
+    if not (type(n) is comfy.model_patcher.ModelPatcher or isinstance(n, GroupOffloadModelPatcher)
+            or is_gguf_patcher(n)):
+        raise RuntimeError(f"Group Offload needs a model managed by ComfyUI's standard ModelPatcher or ComfyUI-GGUF's "
+                           f"GGUFModelPatcher; this MODEL uses {type(n).__name__} (from another custom node). Load "
+                           "it with a core loader or a GGUF loader.")
     if not isinstance(getattr(n.model, "diffusion_model", None), torch.nn.Module):
         raise RuntimeError("Group Offload takes a diffusion model (MODEL from a checkpoint or diffusion-model loader).")
     return n
@@ -279,7 +296,9 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
         offload.check_disk_folder(settings.disk_folder or default_disk_folder())
     n = _standard_clone(model)
     plain_fp8_layers(n, "Group Offload")  # core's QuantizedTensor layers → plain float8 tensors
-    n.__class__ = GroupOffloadModelPatcher  # same object layout; how ComfyUI-GGUF makes its patcher from a clone
+    if not isinstance(n, GroupOffloadModelPatcher):  # same object layout; how ComfyUI-GGUF makes its patcher from a clone
+        n.__class__ = (GroupOffloadModelPatcher if type(n) is comfy.model_patcher.ModelPatcher
+                       else placement_class(GroupOffloadModelPatcher, type(n)))  # over GGUFModelPatcher
     n.set_attachments(GROUP_OFFLOAD_KEY, settings)
     n.remove_wrappers_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY)
     n.add_wrapper_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY, _group_offload_outer_sample)
