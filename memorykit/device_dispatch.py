@@ -84,19 +84,18 @@ class DispatchedModel:
         """Remove every hook, put each parameter/buffer back on its original device with its
         exact values (offloaded ones are read back from RAM or the offload files), drop the
         ``forward`` attributes the hooks left and ``hf_device_map``, and delete the offload
-        folder. Safe to call twice."""
+        folder. Safe to call twice; when it raised half-way, calling it again finishes it."""
         if not self.active:
             return
-        try:
-            _restore(self.module, self.original_devices, self.own_forwards)
-            _own_memory(self.module, self.store)
-        finally:
-            self.active = False
-            if self.store is not None:
-                self.store.close()
-                self.store = None
-            if self.offload_dir:
-                leftovers.remove_folder(self.offload_dir)
+        # Raising half-way keeps the handle active with its store: calling again finishes the job.
+        _restore(self.module, self.original_devices, self.own_forwards)
+        _own_memory(self.module, self.store)
+        self.active = False
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if self.offload_dir:
+            leftovers.remove_folder(self.offload_dir)
 
     def __repr__(self) -> str:
         return (f"DispatchedModel({type(self.module).__name__}, main_device={device_name(self.main_device)}, "

@@ -43,6 +43,8 @@ class GroupOffloadOptions:
     effect there) or ``"diffusers"`` (its hooks as they are). Disk offload always uses the event ring.
     ``ring_groups``: event ring size in largest groups (0 = :data:`RING_GROUPS`; 1 = no
     overlap of copy and compute, each group replaces the previous one).
+    ``keep_remainder``: leaf_level keeps the remainder resident as block_level does (text
+    encoders read their input embedding's device before calling it).
     """
 
     offload_type: str = "block_level"
@@ -54,6 +56,7 @@ class GroupOffloadOptions:
     exclude_kwargs: tuple[str, ...] = ()
     scheduler: str = "memorykit"
     ring_groups: int = 0
+    keep_remainder: bool = False
 
     def validate(self, onload_device: torch.device | None = None) -> None:
         """Raise ValueError naming the option to change when the combination is invalid."""
@@ -263,13 +266,14 @@ def plan_offload(module: nn.Module, options: GroupOffloadOptions, budget_bytes: 
 
     streamable = [(n, b) for n, b in blocks if sizes[n] > 0]
     resident: set[str] = set()
+    keep_remainder = options.offload_type == "block_level" or options.keep_remainder
     if budget_bytes is None:
-        plan.remainder_resident = options.offload_type == "block_level"
+        plan.remainder_resident = keep_remainder
     else:
         avail = budget_bytes - buffer - remainder_bytes
         if avail < 0:
             plan.below_minimum = True
-            plan.remainder_resident = options.offload_type == "block_level"
+            plan.remainder_resident = keep_remainder
         else:
             for i in spread_order(len(streamable)):
                 n = streamable[i][0]

@@ -293,7 +293,6 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
     that cannot use the dtypes, a MODEL already cast by this node, or nothing to cast.
     """
     import comfy.model_management as cmm
-    import comfy.utils
 
     if model.get_attachment(FP8_ATTACHMENT) is not None:
         raise ValueError("This MODEL already went through FP8 Layerwise Cast; use one FP8 Layerwise Cast "
@@ -341,37 +340,16 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
             return n.get_model_object(key)
         return m
 
-    plan = fp8.plan_layers(dm, patterns, get_module=original)
+    plan = fp8.plan_layers(dm, patterns, get_module=original, check=cmm.throw_exception_if_processing_interrupted)
     if not plan.cast:
         reasons = sorted(set(plan.kept.values()))[:5]
         raise ValueError(f"FP8 Layerwise Cast: no layer of this {family} model left to cast (kept for: {reasons}). "
                          "Relax the skip patterns, or load the model unquantised (weight_dtype default).")
 
     size_before = n.model_size()
-    work = device if getattr(device, "type", "cpu") == "cuda" else None
     core_fmt, core_layout, own_reason = _core_plan(storage, scaling, fp8_matmul, device)
-    pbar = comfy.utils.ProgressBar(len(plan.cast))
-    saved = cast_params = n_core = 0
-    for name in plan.cast:
-        cmm.throw_exception_if_processing_interrupted()  # Cancel stops here; the clone is dropped
-        key = prefix + name
-        in_tree = key not in n.object_patches and key not in n.object_patches_backup
-        orig = original(name, None) if not in_tree else comfy.utils.get_attr(n.model, key)
-        w = _unpatched(n, orig, key, "weight", in_tree)
-        core = core_fmt is not None and isinstance(orig, torch.nn.Linear)
-        q, s = _quantized(w, storage, scaling, work, n.offload_device, memo=core,
-                          power_of_two=core_power_of_two_scale(core, compute))
-        b = _unpatched(n, orig, key, "bias", in_tree)
-        b = None if b is None else b.detach().to(n.offload_device, copy=True)
-        if core:
-            layer = fp8_core.build_layer(orig, q, s, b, core_fmt, compute, fp8_matmul, lora_mode)
-            n_core += 1
-        else:
-            layer = _fp8_layer(orig, q, s, b, fp8_matmul, scaling, lora_mode)
-        n.add_object_patch(key, layer)
-        saved += fp8.param_bytes(w) - fp8.param_bytes(q)
-        cast_params += w.numel()
-        pbar.update(1)
+    saved, cast_params, n_core = cast_layers(n, prefix, plan.cast, storage, scaling, compute, core_fmt,
+                                             fp8_matmul, lora_mode)
 
     if lora_mode == "unmerged":
         fp8_core.register_callbacks(n)
@@ -397,6 +375,42 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
         info.update(core_layers=0, path=n.get_attachment(FP8_ATTACHMENT)["path"])
     n.set_attachments(FP8_ATTACHMENT, {k: v for k, v in info.items() if k != "kept_layers"} | {"cast": list(plan.cast)})
     return n, info
+
+
+def cast_layers(n, prefix: str, names: list[str], storage, scaling: str, compute, core_fmt,
+                fp8_matmul: bool, lora_mode: str) -> tuple[int, int, int]:
+    """Add to ``n`` (a clone) one float8 object patch per layer ``prefix + name`` of ``names``
+    (core's QuantizedTensor Linear when ``core_fmt``, else MemoryKit's cast layer); returns
+    ``(bytes saved, parameters cast, core layers)``. Quantises on the load device when it is a
+    GPU; the results stay on the offload device. Cancel stops between layers."""
+    import comfy.model_management as cmm
+    import comfy.utils
+
+    device = n.load_device
+    work = device if getattr(device, "type", "cpu") == "cuda" else None
+    pbar = comfy.utils.ProgressBar(len(names))
+    saved = cast_params = n_core = 0
+    for name in names:
+        cmm.throw_exception_if_processing_interrupted()  # Cancel stops here; the clone is dropped
+        key = prefix + name
+        in_tree = key not in n.object_patches and key not in n.object_patches_backup
+        orig = n.get_model_object(key) if not in_tree else comfy.utils.get_attr(n.model, key)
+        w = _unpatched(n, orig, key, "weight", in_tree)
+        core = core_fmt is not None and isinstance(orig, torch.nn.Linear)
+        q, s = _quantized(w, storage, scaling, work, n.offload_device, memo=core,
+                          power_of_two=core_power_of_two_scale(core, compute))
+        b = _unpatched(n, orig, key, "bias", in_tree)
+        b = None if b is None else b.detach().to(n.offload_device, copy=True)
+        if core:
+            layer = fp8_core.build_layer(orig, q, s, b, core_fmt, compute, fp8_matmul, lora_mode)
+            n_core += 1
+        else:
+            layer = _fp8_layer(orig, q, s, b, fp8_matmul, scaling, lora_mode)
+        n.add_object_patch(key, layer)
+        saved += fp8.param_bytes(w) - fp8.param_bytes(q)
+        cast_params += w.numel()
+        pbar.update(1)
+    return saved, cast_params, n_core
 
 
 def plain_fp8_layers(patcher, node: str) -> None:

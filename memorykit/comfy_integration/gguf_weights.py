@@ -10,8 +10,8 @@ are recognised by their attributes, so its forks (same design) are handled alike
   (:mod:`memorykit.weight_parts`): the plain tensor is the stored data, the forward rebuilds a
   ``GGMLTensor`` around it with the same type, shape and patches.
 - :func:`placement_class` makes the class of a placement node's clone over GGUF's patcher:
-  the node's own ModelPatcher behaviour first, then GGUF's, and clones keep that class
-  (``GGUFModelPatcher.clone`` turns every clone into a plain ``GGUFModelPatcher``).
+  the node's own ModelPatcher behaviour first, then GGUF's (``placement.PlacementPatcher.clone``
+  keeps that class: ``GGUFModelPatcher.clone`` turns every clone into a plain ``GGUFModelPatcher``).
 """
 from __future__ import annotations
 
@@ -78,17 +78,12 @@ _CLASSES: dict[tuple[type, type], type] = {}
 
 def placement_class(mixin: type, base: type) -> type:
     """``mixin`` (a placement's ModelPatcher behaviour) over ``base`` (the input's patcher
-    class), made once per pair; its clones keep the class (see module docstring)."""
+    class), made once per pair (see module docstring)."""
     key = (mixin, base)
     cls = _CLASSES.get(key)
     if cls is None:
-        def clone(self, *args, **kwargs):
-            n = super(cls, self).clone(*args, **kwargs)
-            if type(n) is not type(self) and isinstance(self, type(n)):
-                n.__class__ = type(self)
-            return n
         name = mixin.__name__.replace("ModelPatcher", "") + base.__name__
-        cls = type(name, (mixin, base), {"clone": clone, "__module__": mixin.__module__})
+        cls = type(name, (mixin, base), {"__module__": mixin.__module__})
         _CLASSES[key] = cls
     return cls
 

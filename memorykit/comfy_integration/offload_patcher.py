@@ -17,18 +17,22 @@ import dataclasses
 import logging
 import time
 
-import torch
-
 import comfy.model_management as mm
 import comfy.model_patcher
 import comfy.patcher_extension as pe
 import comfy.utils
+import torch
 
 from .. import badge, offload, offload_plan, report, weight_parts
 from . import placement
-from .cleanup import default_disk_folder
+from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models, weight_dtype_options
-from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram, patcher_free_memory
+from .compat import (
+    OPTED_OUT_NOTE,
+    is_dynamic,
+    opt_out_of_dynamic_vram,
+    patcher_free_memory,
+)
 from .fp8_patcher import plain_fp8_layers
 from .gguf_weights import is_gguf_patcher, placement_class
 
@@ -66,6 +70,7 @@ class _OffloadState(placement.Placement):
         offload.remove_group_offload(self.handle)
         if self.parts is not None:
             self.parts.restore()
+        placement.fault_point("undo")
         for k, bk in list(self.backup.items()):
             (comfy.utils.copy_to_param if bk.inplace_update else comfy.utils.set_attr_param)(base_model, k, bk.weight)
         self.backup.clear()
@@ -110,8 +115,9 @@ def group_offload_applied(base_model) -> bool:
     return _offload_state(base_model) is not None
 
 
-class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
-    """ModelPatcher that loads its diffusion model group-offloaded (see the section comment)."""
+class GroupOffloadModelPatcher(placement.PlacementPatcher, comfy.model_patcher.ModelPatcher):
+    """ModelPatcher that loads its diffusion model group-offloaded (see the section comment); its
+    load/unload/detach lifecycle is :class:`placement.PlacementPatcher`."""
 
     def _offload_settings(self, device_to, force_patch_weights=False):
         s = self.get_attachment(GROUP_OFFLOAD_KEY)
@@ -121,57 +127,55 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
             return None  # computing on the CPU from CPU RAM: nothing to offload
         return s
 
-    def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
-        s = self._offload_settings(device_to, force_patch_weights)
-        if s is None:
-            if placement.applied(self.model) is not None:
-                self.unpatch_model(self.offload_device, unpatch_weights=True)
-            return super().partially_load(device_to, extra_memory, force_patch_weights)
-        if placement.reuse(self, (s, self.patches_uuid, torch.device(device_to)), _OffloadState):
-            return 0
-        with self.use_ejected(skip_and_inject_on_exit_only=True):
-            before = self.model.model_loaded_weight_memory
-            self.unpatch_model(_STORE, unpatch_weights=True)
-            self.patch_model(load_weights=False)
-            try:
-                self._apply_group_offload(torch.device(device_to), s, extra_memory)
-            except BaseException:
-                self.detach()
-                raise
-        return max(0, self.model.model_loaded_weight_memory - before)
+    _placement_kind = _OffloadState
 
-    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
-        s = self._offload_settings(device_to, force_patch_weights)
-        if s is None:
-            # keywords: ComfyUI-GGUF's load takes force_patch_weights as a keyword only
-            return super().load(device_to, lowvram_model_memory=lowvram_model_memory,
-                                force_patch_weights=force_patch_weights, full_load=full_load)
-        with self.use_ejected():
-            self.unpatch_model(_STORE, unpatch_weights=True)
-            self._apply_group_offload(torch.device(device_to), s, lowvram_model_memory or 1e32)
+    def _placement_plan(self, device_to, force_patch_weights):
+        return self._offload_settings(device_to, force_patch_weights)
 
-    def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
-        if placement.applied(self.model) is not None:
-            return 0  # ComfyUI then unloads the model completely (LoadedModel.model_unload)
-        return super().partially_unload(device_to, memory_to_free, force_patch_weights)
+    def _placement_key(self, plan, device_to) -> tuple:
+        return (plan, self.patches_uuid, torch.device(device_to))
 
-    def unpatch_model(self, device_to=None, unpatch_weights=True):
-        if unpatch_weights:
-            placement.remove(self.model)
-        return super().unpatch_model(device_to, unpatch_weights)
+    def _placement_store(self):
+        return _STORE
 
-    def is_clone(self, other):
-        # load_models_gpu is about to load this patcher and detach `other` with unpatch_all=False:
-        # this patcher's partially_load reuses or replaces the placement, so that detach may keep it.
-        same = super().is_clone(other)
-        if same:
-            placement.mark_handover(self, other)
-        return same
-
-    def detach(self, unpatch_all=True):
-        return super().detach(placement.detach_unpatch_all(self, unpatch_all))
+    def _apply_placement(self, device_to, plan, memory, force_patch_weights) -> None:
+        self._apply_group_offload(torch.device(device_to), plan, memory)
 
     def _apply_group_offload(self, device_to, s: GroupOffloadSettings, extra_memory) -> None:
+        self._finalize_weights(device_to)
+        dm = self.model.diffusion_model
+        for child in self.model.children():
+            if child is not dm:
+                child.to(device_to)
+        opts, notes, budget = self._run_options(device_to, s, extra_memory)
+        parts = weight_parts.decompose(dm)  # GGUF weights: their raw bytes stream, rebuilt at forward
+        try:
+            handle = offload.apply_group_offload(
+                dm, device_to, _STORE, options=opts, budget_bytes=budget,
+                block_lists=comfy_block_lists(dm),
+                disk_folder=usable_disk_folder(s.disk_folder) if opts.offload_to == "disk" else default_disk_folder(),
+                disk_tag=f"{type(self.model).__name__}-{str(self.patches_uuid)[:8]}")
+        except BaseException:
+            parts.restore()
+            raise
+        if parts:
+            notes.append(", ".join(f"{n} {k} weights" for k, n in parts.kinds.items())
+                         + " streamed as stored (quantized bytes, dequantised by their layers at forward)")
+        if handle.plan.below_minimum:
+            notes.append(f"budget {budget / 2**30:.2f} GiB is below the minimum footprint: everything streams")
+        st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup, parts)
+        st.notes += notes
+        placement.install(self, st)
+        plan = handle.plan
+        _log.info("Group Offload: %s resident %.2f GiB, streamed %.2f GiB (%s), footprint %.2f GiB",
+                  type(self.model).__name__, plan.resident_bytes / 2**30, plan.streamed_bytes / 2**30,
+                  opts.offload_to, plan.footprint_bytes / 2**30)
+        self._mark_loaded(device_to, plan.footprint_bytes, plan.buffer_bytes)
+
+    def _finalize_weights(self, device_to) -> None:
+        """Weights final before streaming: LoRA patches computed on the load device (as
+        ModelPatcher.load does) and stored back on the offload device; ComfyUI's per-forward
+        weight functions moved to the load device."""
         if self.hook_patches:
             raise RuntimeError("Group Offload cannot stream weights that ComfyUI hooks change during sampling "
                                "(Create Hook LoRA / Set Model Hooks). Use LoraLoader before or after Group "
@@ -197,10 +201,9 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
                 if wrappers:
                     setattr(m, f"{kind}_function", list(getattr(m, f"{kind}_function", None) or []) + wrappers)
             comfy.model_patcher.move_weight_functions(m, device_to)
-        dm = self.model.diffusion_model
-        for child in self.model.children():
-            if child is not dm:
-                child.to(device_to)
+
+    def _run_options(self, device_to, s: GroupOffloadSettings, extra_memory):
+        """``(options, notes, budget bytes or None)`` for applying ``s`` on ``device_to``."""
         opts, notes = s.options, []
         if device_to.type == "cpu" and opts.use_stream:
             opts = dataclasses.replace(opts, use_stream=False, record_stream=False)
@@ -210,35 +213,18 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
         if budget is None and device_to.type != "cpu":
             budget = patcher_free_memory(self, device_to) - mm.minimum_inference_memory()
             budget = max(0, int(min(budget, extra_memory)))
-        parts = weight_parts.decompose(dm)  # GGUF weights: their raw bytes stream, rebuilt at forward
-        try:
-            handle = offload.apply_group_offload(
-                dm, device_to, store, options=opts, budget_bytes=budget,
-                block_lists=comfy_block_lists(dm), disk_folder=s.disk_folder or default_disk_folder(),
-                disk_tag=f"{type(self.model).__name__}-{str(self.patches_uuid)[:8]}")
-        except BaseException:
-            parts.restore()
-            raise
-        if parts:
-            notes.append(", ".join(f"{n} {k} weights" for k, n in parts.kinds.items())
-                         + " streamed as stored (quantized bytes, dequantised by their layers at forward)")
-        if handle.plan.below_minimum:
-            notes.append(f"budget {budget / 2**30:.2f} GiB is below the minimum footprint: everything streams")
-        st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup, parts)
-        st.notes += notes
-        placement.install(self, st)
-        plan = handle.plan
-        self.model.model_loaded_weight_memory = plan.footprint_bytes
-        self.model.model_offload_buffer_memory = plan.buffer_bytes
+        return opts, notes, budget
+
+    def _mark_loaded(self, device_to, footprint_bytes: int, buffer_bytes: int) -> None:
+        """ComfyUI's load bookkeeping for the applied offload, ON_LOAD callbacks, forced hooks."""
+        self.model.model_loaded_weight_memory = footprint_bytes
+        self.model.model_offload_buffer_memory = buffer_bytes
         self.model.model_lowvram = True  # partly on the device; ModelPatcher.unpatch_model then wipes weight functions
         self.model.lowvram_patch_counter = 0
         self.model.device = device_to
         self.model.current_weight_patches_uuid = self.patches_uuid
-        _log.info("Group Offload: %s resident %.2f GiB, streamed %.2f GiB (%s), footprint %.2f GiB",
-                  type(self.model).__name__, plan.resident_bytes / 2**30, plan.streamed_bytes / 2**30,
-                  opts.offload_to, plan.footprint_bytes / 2**30)
         for callback in self.get_all_callbacks(pe.CallbacksMP.ON_LOAD):
-            callback(self, device_to, plan.footprint_bytes, False, False)
+            callback(self, device_to, footprint_bytes, False, False)
         self.apply_hooks(self.forced_hooks, force_apply=True)
 
 
@@ -293,7 +279,7 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
         _log.warning("Group Offload: %s; the model is passed through unchanged.", reason)
         return model, {"status": "passthrough", "reason": reason, "options": _options_info(settings)}
     if settings.options.offload_to == "disk":
-        offload.check_disk_folder(settings.disk_folder or default_disk_folder())
+        usable_disk_folder(settings.disk_folder)
     n = _standard_clone(model)
     plain_fp8_layers(n, "Group Offload")  # core's QuantizedTensor layers → plain float8 tensors
     if not isinstance(n, GroupOffloadModelPatcher):  # same object layout; how ComfyUI-GGUF makes its patcher from a clone

@@ -3,7 +3,8 @@
 Every clone of a MODEL shares one ``BaseModel``. When ComfyUI loads one of the pack's patchers,
 it changes that module for all of them (hooks, weights streamed, placeholders for weights that
 live elsewhere): a *placement*. It is recorded on the BaseModel (one at a time) with the patcher
-that owns it, and follows this rule (both patcher classes call the functions below):
+that owns it, and follows this rule (both patcher classes get their load/unload/detach lifecycle
+from :class:`PlacementPatcher`, which calls the functions below):
 
 - **reuse**: a patcher being loaded keeps the placement when its key (settings, weight-patch
   uuid, device) is the placement's key (:func:`reuse`): it re-applies its own object patches
@@ -24,9 +25,25 @@ that owns it, and follows this rule (both patcher classes call the functions bel
 from __future__ import annotations
 
 import contextlib
+import logging
 import weakref
 
+from ..module_state import ModuleState
+
+_log = logging.getLogger("MemoryKit")
 _ATTR = "_memorykit_placement"
+
+# Test hook (documented for the tests that make a placement fail; None in use): called with
+# "installed" right after a placement is recorded on the model (everything applied, the rest of
+# the load still to run) and with "undo" half-way through undoing one (see Placement.undo).
+# Whatever it raises is a failure at that point.
+fault_hook = None
+
+
+def fault_point(stage: str) -> None:
+    """Run :data:`fault_hook` for ``stage`` (nothing in use)."""
+    if fault_hook is not None:
+        fault_hook(stage)
 
 
 class Placement:
@@ -43,7 +60,11 @@ class Placement:
         self._finalizer = None
 
     def undo(self, base_model) -> None:
-        """Put ``base_model`` back as it was before the placement (weights, hooks, counters)."""
+        """Put ``base_model`` back as it was before the placement (weights, hooks, counters).
+
+        Must be resumable: when it raised half-way, calling it again finishes the job (each
+        step skips what is done); :func:`remove` relies on it. Calls :func:`fault_point`
+        ("undo") between its steps."""
         raise NotImplementedError
 
     def owner(self):
@@ -94,6 +115,7 @@ def install(patcher, p: Placement) -> None:
         raise RuntimeError("MemoryKit: a placement is already applied to this model; remove it first")
     patcher.model.__dict__[_ATTR] = p
     _take_ownership(patcher, p)
+    fault_point("installed")
 
 
 def remove(base_model) -> bool:
@@ -103,8 +125,29 @@ def remove(base_model) -> bool:
         return False
     if p._finalizer is not None:
         p._finalizer.detach()
-    p.undo(base_model)
+    _undo(base_model, p)
     return True
+
+
+def _undo(base_model, p: Placement) -> None:
+    """``p.undo`` carried to the end: when it raises half-way it runs once more (undo is
+    resumable), so an unload that fails still leaves the model as it was before the placement.
+    An interrupt is raised again after that; an error only when the second run fails too."""
+    try:
+        p.undo(base_model)
+        return
+    except BaseException as e:  # noqa: BLE001 - finished below, then raised again if it was an interrupt
+        first = e
+    _log.warning("MemoryKit: undoing the %s placement raised (%s: %s); finishing it", type(p).__name__,
+                 type(first).__name__, first)
+    try:
+        p.undo(base_model)
+    except BaseException as e:
+        raise RuntimeError(f"MemoryKit could not put this model back after a failure while removing its placement "
+                           f"({type(first).__name__}: {first}); reload the model (change the loader's file or "
+                           "restart ComfyUI) before the next run.") from e
+    if not isinstance(first, Exception):
+        raise first
 
 
 def reapply_object_patches(patcher) -> None:
@@ -189,3 +232,114 @@ def release(base_model) -> bool:
         owner.detach(unpatch_all=True)
     remove(base_model)  # no-op when the owner's detach removed it
     return True
+
+
+class PlacementPatcher:
+    """The lifecycle every placement's ModelPatcher follows: a mixin over a ModelPatcher class
+    (Group Offload's ``GroupOffloadModelPatcher``, Balanced Device Map's ``DeviceMap<Base>``).
+
+    A subclass says what it places and how; this class decides when, following the rule of this
+    module (reuse, hand-over, detach, collection):
+
+    - :meth:`_placement_plan` ``(device_to, force_patch_weights)``: what to apply for this load,
+      or None for ComfyUI's own load (any placement is removed first);
+    - :meth:`_placement_key` ``(plan, device_to)``: the key a reusable placement carries;
+    - ``_placement_kind``: the :class:`Placement` subclass it installs;
+    - ``_placement_store``: where the weights wait while unloaded (default: the offload device);
+    - :meth:`_apply_placement` ``(device_to, plan, memory, force_patch_weights)``: apply it to
+      the model ComfyUI has just put in its unloaded state (weights unpatched, object patches
+      applied) and :func:`install` it.
+    """
+
+    _placement_kind: type = Placement
+
+    def _placement_plan(self, device_to, force_patch_weights):
+        raise NotImplementedError
+
+    def _placement_key(self, plan, device_to) -> tuple:
+        raise NotImplementedError
+
+    def _apply_placement(self, device_to, plan, memory, force_patch_weights) -> None:
+        raise NotImplementedError
+
+    def _placement_store(self):
+        return self.offload_device
+
+    def _core_load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
+        """ComfyUI's own ``load`` of the patcher class below this mixin (keywords: ComfyUI-GGUF's
+        ``load`` takes ``force_patch_weights`` as a keyword only)."""
+        return super().load(device_to, lowvram_model_memory=lowvram_model_memory,
+                            force_patch_weights=force_patch_weights, full_load=full_load)
+
+    def _place(self, device_to, plan, memory, force_patch_weights) -> None:
+        """Apply ``plan`` from ComfyUI's unloaded state. The one failure rule of every placement:
+        whatever raises while it is applied (the technique, core's load inside it, a callback, an
+        interrupt), the model ComfyUI holds is put back as it was — unloaded, every weight with its
+        own values on the offload device, no hook, file or placement left — and the error raised."""
+        self.unpatch_model(self._placement_store(), unpatch_weights=True)
+        self.patch_model(load_weights=False)
+        state = ModuleState(self.model)  # references only; dropped once the placement is applied
+        try:
+            self._apply_placement(device_to, plan, memory, force_patch_weights)
+        except BaseException:
+            self._restore_after_failure(state)
+            raise
+
+    def _restore_after_failure(self, state: ModuleState) -> None:
+        try:
+            remove(self.model)  # the technique's own undo when it got as far as installing (files, pinned memory)
+        except BaseException:  # noqa: BLE001 - the state below is put back whatever happened
+            _log.exception("MemoryKit: undoing a placement that failed to load raised")
+        state.restore()  # tensors, hooks and attributes the technique left
+        self.detach()    # ComfyUI's bookkeeping: weight patches (LoRA) and object patches undone, counters reset
+
+    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
+        plan = self._placement_plan(device_to, force_patch_weights)
+        if plan is None:
+            remove(self.model)
+            return super().load(device_to, lowvram_model_memory=lowvram_model_memory,
+                                force_patch_weights=force_patch_weights, full_load=full_load)
+        with self.use_ejected(skip_and_inject_on_exit_only=True):
+            self._place(device_to, plan, lowvram_model_memory or 1e32, force_patch_weights)
+
+    def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
+        plan = self._placement_plan(device_to, force_patch_weights)
+        if plan is None:
+            if applied(self.model) is not None:
+                self.unpatch_model(self.offload_device, unpatch_weights=True)
+            return super().partially_load(device_to, extra_memory, force_patch_weights)
+        if not force_patch_weights and reuse(self, self._placement_key(plan, device_to), self._placement_kind):
+            return 0
+        with self.use_ejected(skip_and_inject_on_exit_only=True):
+            before = self.model.model_loaded_weight_memory
+            self._place(device_to, plan, extra_memory, force_patch_weights)
+        return max(0, self.model.model_loaded_weight_memory - before)
+
+    def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
+        if applied(self.model) is not None:
+            return 0  # a placement is removed whole (ComfyUI then unloads the model: detach), never in part
+        return super().partially_unload(device_to, memory_to_free, force_patch_weights)
+
+    def unpatch_model(self, device_to=None, unpatch_weights=True):
+        if unpatch_weights:
+            remove(self.model)
+        return super().unpatch_model(device_to, unpatch_weights)
+
+    def is_clone(self, other):
+        # load_models_gpu is about to load this patcher and detach `other` with unpatch_all=False:
+        # this patcher's partially_load reuses or replaces the placement, so that detach may keep it.
+        same = super().is_clone(other)
+        if same:
+            mark_handover(self, other)
+        return same
+
+    def clone(self, *args, **kwargs):
+        n = super().clone(*args, **kwargs)
+        if type(n) is not type(self) and isinstance(self, type(n)):
+            n.__class__ = type(self)  # ComfyUI-GGUF's clone makes every clone a plain GGUFModelPatcher
+        return n
+
+    def detach(self, unpatch_all=True):
+        # The owner's full detach: the placement undone (weights back where they were), then
+        # ComfyUI's full unpatch so its bookkeeping (patched weights, loaded size) matches.
+        return super().detach(detach_unpatch_all(self, unpatch_all))

@@ -134,7 +134,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
             replay = norm.replaying
         cost = tv.measure_tile_cost(fn, probe, vae.device, sides=probe_sides, context=replay)
     grid_hw = plan.grid_shape[-2:]
-    min_tile = opts.overlap_px // s + 1
+    min_tile = max(tv.MIN_TILE_UNITS, opts.overlap_px // s + 1)
     t = tv.fit_tile(grid_hw, cost, budget, max(1, opts.tile_px // s), min_tile)
     if t is None:
         raise ValueError(f"memory budget ({budget / 2 ** 30:.2f} GiB besides the VAE's weights, from {budget_source}) is "
