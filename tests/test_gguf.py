@@ -200,3 +200,37 @@ def test_memory_plan_counts_the_stored_gguf_bytes(gguf, tmp_path):
     _out, _vae, info = mpio.memory_plan(g.patcher, plan_for="given figures", vram_gb=2, ram_gb=0.04, disk_gb=10,
                                         width=64, height=64, disk_folder=str(tmp_path))
     assert "fp8" not in info["applied"] and info["model"]["weight_bytes"] == g.stored_bytes()
+
+
+def test_server_gguf_through_group_offload_and_device_map(server, fixture_models, tmp_path):
+    """Through the HTTP API as a user wires it: UnetLoaderGGUF → Group Offload (disk) / Balanced
+    Device Map (cpu + disk) → KSampler: the raw latents equal the plain GGUF model's."""
+    from safetensors.torch import load_file
+    gguf_models.ensure_gguf_models()
+    p = {"1": {"class_type": "UnetLoaderGGUF", "inputs": {"unet_name": gguf_models.path_for("q8_0").name}},
+         "2": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "mk_sd15_tiny.safetensors"}},
+         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse at dawn", "clip": ["2", 1]}},
+         "4": {"class_type": "CLIPTextEncode", "inputs": {"text": "blurry", "clip": ["2", 1]}},
+         "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+         "10": {"class_type": "MemoryKitGroupOffload", "inputs": {
+             "model": ["1", 0], "offload_type": "block_level", "num_blocks_per_group": 1, "vram_budget_gb": 0.0,
+             "use_stream": True, "record_stream": False, "low_cpu_mem_usage": False, "offload_to": "disk",
+             "disk_folder": str(tmp_path)}},
+         "20": {"class_type": "MemoryKitBalancedDeviceMap", "inputs": {
+             "model": ["1", 0], "strategy": "balanced", "max_memory": "cpu=10MiB, disk",
+             "offload_folder": str(tmp_path), "custom_device_map": ""}}}
+    for name, model in (("plain", ["1", 0]), ("offload", ["10", 0]), ("devicemap", ["20", 0])):
+        p[f"s_{name}"] = {"class_type": "KSampler", "inputs": {
+            "model": model, "seed": 11, "steps": 1, "cfg": 4.0, "sampler_name": "euler", "scheduler": "normal",
+            "positive": ["3", 0], "negative": ["4", 0], "latent_image": ["5", 0], "denoise": 1.0}}
+        p[f"save_{name}"] = {"class_type": "MemoryKitTestSaveTensor",
+                             "inputs": {"value": [f"s_{name}", 0], "filename_prefix": f"gguf_{name}"}}
+    res = server.run(p)
+    assert res.status == "success", res.error
+    out = {}
+    for name in ("plain", "offload", "devicemap"):
+        f = res.outputs[f"save_{name}"]["tensors"][0]
+        out[name] = load_file(str(server.base / "output" / f["subfolder"] / f["filename"]))["value"]
+    assert torch.equal(out["offload"], out["plain"]) and torch.equal(out["devicemap"], out["plain"])
+    server.free(wait=True)
+    assert os.listdir(tmp_path) == []
