@@ -181,9 +181,13 @@ def _pack_to_disk(folder: str, state_dict: dict) -> tuple[DiskStore, dict]:
     return store, views
 
 
+def _is_torch_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError)
+
+
 def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folder: str | None = None,
                         main_device: Device | None = None, skip_keys: list[str] | None = None,
-                        preload_module_classes: list[str] | None = None) -> DispatchedModel:
+                        preload_module_classes: list[str] | None = None, is_oom=None) -> DispatchedModel:
     """Place ``module`` according to ``device_map`` with ``accelerate.dispatch_model``.
 
     ``device_map``: a full map of ``module`` (see :func:`memorykit.device_map.validate_device_map`).
@@ -197,6 +201,8 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
     when the module's own forward starts, not per submodule: a block that reads a submodule's
     weight without calling that submodule (e.g. the q/k norms of NextDiT and Cosmos attention,
     read by core's fused RoPE kernels) then reads real values, not meta placeholders.
+    ``is_oom(exception)``: what counts as running out of memory (default: ``torch.OutOfMemoryError``;
+    a host application can widen it, e.g. to accelerator errors that mean the same).
 
     Hooks are attached even for a single-device map (``force_hooks``), so the root always
     moves its inputs to the main device and its outputs back to the input's device.
@@ -247,7 +253,7 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
                 store.close()
             if offload_dir:
                 leftovers.remove_folder(offload_dir)
-        if isinstance(e, torch.OutOfMemoryError):
+        if (is_oom or _is_torch_oom)(e):
             on = {device_name(d) for d in device_map.values() if d not in OFFLOAD_DEVICES}
             raise RuntimeError(f"out of memory while placing the device map on {', '.join(sorted(on))}: lower "
                                f"max_memory for those devices (or free memory) and run again. ({e})") from None

@@ -22,9 +22,10 @@ from typing import ClassVar
 import torch
 
 from .. import fp8
-from . import compat, fp8_core, placement
+from . import compat, fp8_core, linear_args, placement
 from .compat import apply_weight_patch
 from .gguf_weights import gguf_model_description
+from .model_view import own_module, own_object
 
 FP8_ATTACHMENT = "memorykit_fp8"
 # Attributes ComfyUI sets on a loaded module; a new layer starts without them.
@@ -59,6 +60,9 @@ class _Fp8CastOp:
     """
 
     comfy_cast_weights = True
+    # Core's fused shortcuts (fp16 accumulation, linear_input_act) call this layer's forward instead
+    # of reading its float8 weight without the scale.
+    comfy_force_forward = True
     # Class-level empty lists, as in comfy.ops.CastWeightBiasOp: ComfyUI assigns per-instance lists.
     weight_function: ClassVar[list] = []
     bias_function: ClassVar[list] = []
@@ -70,10 +74,17 @@ class _Fp8CastOp:
         return self.forward_comfy_cast_weights(*args, **kwargs)
 
     def forward_comfy_cast_weights(self, input, *args, **kwargs):
+        """Core's Linear arguments (input activation, residual) or Conv ``autopad`` applied as core
+        does (:mod:`.linear_args`); anything else raises TypeError."""
+        if isinstance(self, torch.nn.Linear):
+            return linear_args.call_linear(self, self._fp8_forward, input, args, kwargs)
+        return self._fp8_forward(input, **linear_args.split_conv_call(self, args, kwargs))
+
+    def _fp8_forward(self, input, **conv_kwargs):
         import comfy.ops
         lowvram_patch = getattr(self, "weight_lowvram_function", None)
         if self.weight_function or lowvram_patch is not None:
-            return self._forward_with_weight_patches(input, lowvram_patch)
+            return self._forward_with_weight_patches(input, lowvram_patch, **conv_kwargs)
         scale = layer_scale(self)
         if self._mk_fp8_matmul and isinstance(self, torch.nn.Linear) and fp8.fp8_matmul_supported(input, self.weight):
             # Weight stays float8 (moved to the device; lowvram LoRA functions return float8 too).
@@ -88,11 +99,11 @@ class _Fp8CastOp:
         elif isinstance(self, torch.nn.Linear):
             out = fp8.scaled_linear(input, weight, scale, bias)
         else:
-            out = self._conv_forward(input, fp8.scale_weight(weight, scale), bias)
+            out = self._conv_forward(input, fp8.scale_weight(weight, scale), bias, **conv_kwargs)
         comfy.ops.uncast_bias_weight(self, weight, bias, offload_stream)
         return out
 
-    def _forward_with_weight_patches(self, input, lowvram_patch):
+    def _forward_with_weight_patches(self, input, lowvram_patch, **conv_kwargs):
         """LoRA on a partially or dynamically loaded model: core applies its per-forward patches
         (``weight_function`` / 0.33's ``weight_lowvram_function``) to the storage-domain values
         (float8 / scale) it casts, and 0.33's ``LowVramPatch`` no longer calls ``convert_weight``
@@ -121,7 +132,7 @@ class _Fp8CastOp:
         if isinstance(self, torch.nn.Linear):
             out = torch.nn.functional.linear(input, real, bias)
         else:
-            out = self._conv_forward(input, real, bias)
+            out = self._conv_forward(input, real, bias, **conv_kwargs)
         comfy.ops.uncast_bias_weight(self, weight, bias, offload_stream)
         return out
 
@@ -329,7 +340,7 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
                          "next node directly, or load the original safetensors model to use FP8 Layerwise Cast.")
     placement.release(model.model)  # a loaded Group Offload / device map holds placeholders: read real weights
     n = model.clone()
-    dm = n.model.diffusion_model
+    dm = own_module(n)  # this MODEL's modules, not another loaded clone's applied FP8 layers
     family = fp8.detect_family(dm)
     patterns = fp8.default_skip_patterns(family, skip_preset) + fp8.parse_patterns(extra_skip_patterns)
     prefix = "diffusion_model."
@@ -394,7 +405,7 @@ def cast_layers(n, prefix: str, names: list[str], storage, scaling: str, compute
         cmm.throw_exception_if_processing_interrupted()  # Cancel stops here; the clone is dropped
         key = prefix + name
         in_tree = key not in n.object_patches and key not in n.object_patches_backup
-        orig = n.get_model_object(key) if not in_tree else comfy.utils.get_attr(n.model, key)
+        orig = own_object(n, key)
         w = _unpatched(n, orig, key, "weight", in_tree)
         core = core_fmt is not None and isinstance(orig, torch.nn.Linear)
         q, s = _quantized(w, storage, scaling, work, n.offload_device, memo=core,

@@ -24,17 +24,21 @@ import comfy.utils
 import torch
 
 from .. import badge, offload, offload_plan, report, weight_parts
-from . import placement
+from . import compat, placement
+from .placement import comfy_block_lists
+from ..units import size_text
 from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models, weight_dtype_options
 from .compat import (
     OPTED_OUT_NOTE,
+    PAGEABLE_NOTE,
     is_dynamic,
     opt_out_of_dynamic_vram,
     patcher_free_memory,
 )
 from .fp8_patcher import plain_fp8_layers
 from .gguf_weights import is_gguf_patcher, placement_class
+from .model_view import own_module
 
 _log = logging.getLogger("MemoryKit")
 GROUP_OFFLOAD_KEY = "memorykit_group_offload"
@@ -63,6 +67,7 @@ class _OffloadState(placement.Placement):
         self.device, self.offload_device, self.backup = device, offload_device, backup
         self.last_run: dict | None = None
         self.notes: list[str] = []
+        self.counted_pinned = 0  # page-locked bytes added to core's pinned-memory count
 
     def undo(self, base_model) -> None:
         """Weights back on the offload device with their unpatched values (LoRA backups restored
@@ -70,6 +75,8 @@ class _OffloadState(placement.Placement):
         offload.remove_group_offload(self.handle)
         if self.parts is not None:
             self.parts.restore()
+        compat.count_pinned(-self.counted_pinned)
+        self.counted_pinned = 0
         placement.fault_point("undo")
         for k, bk in list(self.backup.items()):
             (comfy.utils.copy_to_param if bk.inplace_update else comfy.utils.set_attr_param)(base_model, k, bk.weight)
@@ -86,23 +93,6 @@ class _OffloadState(placement.Placement):
         base_model.model_lowvram = False
         base_model.lowvram_patch_counter = 0
         base_model.current_weight_patches_uuid = None
-
-
-def comfy_block_lists(diffusion_model: torch.nn.Module) -> offload_plan.BlockLists:
-    """Blocks of a ComfyUI diffusion model: diffusers' rule, except that the elements of a
-    ``TimestepEmbedSequential`` (SD/SDXL UNets) are the blocks, because ComfyUI's
-    ``forward_timestep_embed`` calls those layers directly and never the container's forward."""
-    from comfy.ldm.modules.diffusionmodules.openaimodel import TimestepEmbedSequential
-    out = []
-    for name, lists in offload_plan.default_block_lists(diffusion_model):
-        items = []
-        for qn, b in lists:
-            if isinstance(b, TimestepEmbedSequential):
-                items += [(f"{qn}.{j}", layer) for j, layer in enumerate(b)]
-            else:
-                items.append((qn, b))
-        out.append((name, items))
-    return out
 
 
 def _offload_state(base_model) -> _OffloadState | None:
@@ -162,9 +152,11 @@ class GroupOffloadModelPatcher(placement.PlacementPatcher, comfy.model_patcher.M
             notes.append(", ".join(f"{n} {k} weights" for k, n in parts.kinds.items())
                          + " streamed as stored (quantized bytes, dequantised by their layers at forward)")
         if handle.plan.below_minimum:
-            notes.append(f"budget {budget / 2**30:.2f} GiB is below the minimum footprint: everything streams")
+            notes.append(f"budget {size_text(budget)} is below the minimum footprint: everything streams")
         st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup, parts)
         st.notes += notes
+        st.counted_pinned = offload.page_locked_bytes(handle)
+        compat.count_pinned(st.counted_pinned)  # core's pin budget sees the ring's page-locked host memory
         placement.install(self, st)
         plan = handle.plan
         _log.info("Group Offload: %s resident %.2f GiB, streamed %.2f GiB (%s), footprint %.2f GiB",
@@ -209,6 +201,10 @@ class GroupOffloadModelPatcher(placement.PlacementPatcher, comfy.model_patcher.M
             opts = dataclasses.replace(opts, use_stream=False, record_stream=False)
             notes.append("use_stream/record_stream ignored: computing on the CPU")
         opts = dataclasses.replace(opts, exclude_kwargs=("transformer_options",))
+        if compat.pinned_memory_disabled():
+            opts = dataclasses.replace(opts, page_lock=False)
+            if device_to.type == "cuda":
+                notes.append(PAGEABLE_NOTE)
         budget = s.vram_budget_bytes or None
         if budget is None and device_to.type != "cpu":
             budget = patcher_free_memory(self, device_to) - mm.minimum_inference_memory()
@@ -256,6 +252,7 @@ def _standard_clone(model):
 def _options_info(s: GroupOffloadSettings) -> dict:
     o = dataclasses.asdict(s.options)
     o.pop("exclude_kwargs", None)
+    o.pop("page_lock", None)  # not a node option: follows --disable-pinned-memory (the notes say so)
     return o
 
 
@@ -288,7 +285,7 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
     n.set_attachments(GROUP_OFFLOAD_KEY, settings)
     n.remove_wrappers_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY)
     n.add_wrapper_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY, _group_offload_outer_sample)
-    dm = n.model.diffusion_model
+    dm = own_module(n)  # the preview sizes this MODEL's modules, not another loaded clone's patches
     budget = _preview_budget(n, settings)
     opts = settings.options
     if torch.device(n.load_device).type == "cpu":
@@ -297,8 +294,10 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
     info = {"status": "planned (applied when sampling loads the model)", "options": _options_info(settings),
             "disk_folder": settings.disk_folder or default_disk_folder(), "plan": preview.as_dict(),
             "model_bytes": n.model_size()}
-    if is_dynamic(model):
-        info["notes"] = [OPTED_OUT_NOTE]
+    info["notes"] = [OPTED_OUT_NOTE] if is_dynamic(model) else []
+    if compat.pinned_memory_disabled() and torch.device(n.load_device).type == "cuda":
+        dataclasses.replace(opts, page_lock=False).validate()  # diffusers' stream path would pin: refused
+        info["notes"].append(PAGEABLE_NOTE)
     return n, info
 
 

@@ -29,6 +29,7 @@ import logging
 import weakref
 
 from ..module_state import ModuleState
+from ..offload_plan import BlockLists, block_lists
 
 _log = logging.getLogger("MemoryKit")
 _ATTR = "_memorykit_placement"
@@ -44,6 +45,21 @@ def fault_point(stage: str) -> None:
     """Run :data:`fault_hook` for ``stage`` (nothing in use)."""
     if fault_hook is not None:
         fault_hook(stage)
+
+
+def comfy_block_lists(diffusion_model) -> BlockLists:
+    """The blocks of a ComfyUI diffusion model, for every placement (Group Offload streams them,
+    Balanced Device Map keeps each whole): :func:`memorykit.offload_plan.block_lists` (diffusers'
+    block_level rule), with the elements of a ``TimestepEmbedSequential`` (SD/SDXL UNets) as the
+    blocks, because ComfyUI's ``forward_timestep_embed`` calls those layers directly and never
+    the container's forward."""
+    from comfy.ldm.modules.diffusionmodules.openaimodel import TimestepEmbedSequential
+    return block_lists(diffusion_model, (TimestepEmbedSequential,))
+
+
+def comfy_block_names(diffusion_model) -> list[str]:
+    """Qualified names of the blocks of :func:`comfy_block_lists`, in module order."""
+    return [qn for _, items in comfy_block_lists(diffusion_model) for qn, _ in items]
 
 
 class Placement:
@@ -92,12 +108,15 @@ def _finalize(base_model, placement, owner_id) -> None:
 # The attachment each placement node sets on its MODEL clone → the node's name (the attachment
 # keys of offload_patcher.GROUP_OFFLOAD_KEY and device_map_patcher.DEVICE_MAP_ATTACHMENT).
 PLACED_BY = {"memorykit_group_offload": "Group Offload", "memorykit_device_map": "Balanced Device Map"}
+PLANNED_KEY = "memorykit_memory_plan"  # set by Memory Plan on the MODEL it placed with Group Offload's code
 
 
 def placed_by(patcher) -> str | None:
-    """The name of the placement node (Group Offload, Balanced Device Map) ``patcher``'s MODEL
-    comes through, or None: such a MODEL already has its weights' places decided."""
-    return next((name for key, name in PLACED_BY.items() if patcher.get_attachment(key) is not None), None)
+    """The name of the node (Group Offload, Balanced Device Map, or Memory Plan where it applied
+    Group Offload's code) ``patcher``'s MODEL comes through, as the user's graph shows it, or
+    None: such a MODEL already has its weights' places decided."""
+    name = next((name for key, name in PLACED_BY.items() if patcher.get_attachment(key) is not None), None)
+    return "Memory Plan" if name is not None and patcher.get_attachment(PLANNED_KEY) is not None else name
 
 
 def _take_ownership(patcher, p: Placement) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .. import fp8, offload, offload_plan
-from . import fp8_core, fp8_patcher, placement
+from . import compat, fp8_core, fp8_patcher, placement
 from .cleanup import default_disk_folder, usable_disk_folder
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
 from .offload_patcher import (
@@ -134,6 +134,8 @@ class TextEncoderOffloadModelPatcher(GroupOffloadModelPatcher):
             raise
         st = _TextEncoderOffloadState(handles, s, self.patches_uuid, device_to, self.offload_device, self.backup)
         st.notes += notes
+        st.counted_pinned = sum(offload.page_locked_bytes(h) for h in handles)
+        compat.count_pinned(st.counted_pinned)  # core's pin budget sees the ring's page-locked host memory
         placement.install(self, st)
         self._mark_loaded(device_to, sum(h.plan.footprint_bytes for h in handles),
                           sum(h.plan.buffer_bytes for h in handles))
@@ -156,7 +158,7 @@ def text_encoder_group_offload(clip, settings: GroupOffloadSettings):
     _check_clip(clip, node)
     settings = _te_offload_options(settings)
     opts = settings.options
-    info = {"options": {k: v for k, v in vars(opts).items() if k not in ("exclude_kwargs", "keep_remainder")}}
+    info = {"options": {k: v for k, v in vars(opts).items() if k not in ("exclude_kwargs", "keep_remainder", "page_lock")}}
     if opts.offload_to == "cpu" and torch.device(clip.patcher.load_device).type == "cpu":
         info.update(status="passthrough", reason="the text encoder computes on the CPU, so offloading to CPU RAM "
                     "changes nothing (offload_to=disk still saves RAM)")
