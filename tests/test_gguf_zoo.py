@@ -80,12 +80,11 @@ def test_gguf_disk_offload_is_bit_exact(arch, tmp_path):
 
 def test_gguf_device_map_is_bit_exact(arch, tmp_path):
     from comfyui_memorykit.memorykit import comfy_integration as ci
-    from comfyui_memorykit.memorykit import device_map as dmap
     dm = arch.patcher.model.diffusion_model
     def nbytes(m):  # as stored (a GGUF layer's state_dict holds placeholders, see its ggml_save_to_state_dict)
         return sum(t.numel() * t.element_size() for t in list(m.parameters()) + list(m.buffers()))
     total = nbytes(dm)
-    in_blocks = sum(nbytes(dm.get_submodule(b)) for b in dmap.block_names(dm, dmap.block_classes(dm)))
+    in_blocks = sum(nbytes(b) for _, items in ci.comfy_block_lists(dm) for _, b in items)
     clone, rep, _ = ci.device_map_model(arch.patcher, "balanced", f"cpu={total - in_blocks // 2}, disk", str(tmp_path))
     assert set(rep["bytes_per_device"]) == {"cpu", "disk"}
     out = arch.loaded_forward(clone)
