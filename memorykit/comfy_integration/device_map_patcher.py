@@ -22,11 +22,10 @@ from . import compat, placement
 from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
-from .offload_patcher import GROUP_OFFLOAD_KEY
 from .fp8_patcher import plain_fp8_layers
 from .model_view import own_module
 
-DEVICE_MAP_ATTACHMENT = "memorykit_device_map"
+DEVICE_MAP_ATTACHMENT = placement.DEVICE_MAP_ATTACHMENT
 # ComfyUI passes transformer_options (patches, wrappers, callbacks) down every forward; its
 # content is not input data and must reach the blocks as it is (not copied, not moved).
 _DEVICE_MAP_SKIP_KEYS = ["transformer_options"]
@@ -49,6 +48,8 @@ class DeviceMapPlan:
 
 class _AppliedDeviceMap(placement.Placement):
     """The dispatched map (a :class:`placement.Placement`, keyed on plan, patch uuid, device)."""
+
+    memory_path = "MemoryKit device map"
 
     def __init__(self, handle, plan: DeviceMapPlan, patches_uuid, device, offload_device, parts=None):
         super().__init__((plan, patches_uuid, device))
@@ -159,7 +160,7 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     """
     from ..report import build_report, format_report
 
-    if model.get_attachment(GROUP_OFFLOAD_KEY) is not None:
+    if model.get_attachment(placement.GROUP_OFFLOAD_KEY) is not None:
         node = placement.placed_by(model)  # Group Offload, or Memory Plan that applied it
         how = "" if node == "Group Offload" else " (its pick streams the weights from RAM or disk)"
         raise ValueError(f"Balanced Device Map: this MODEL comes through {node}{how}, and both nodes decide where "

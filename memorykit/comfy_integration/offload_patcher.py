@@ -41,7 +41,7 @@ from .gguf_weights import is_gguf_patcher, placement_class
 from .model_view import own_module
 
 _log = logging.getLogger("MemoryKit")
-GROUP_OFFLOAD_KEY = "memorykit_group_offload"
+GROUP_OFFLOAD_KEY = placement.GROUP_OFFLOAD_KEY
 _STORE = torch.device("cpu")  # where offloaded weights wait (ComfyUI's offload device is the GPU with --highvram)
 
 
@@ -59,6 +59,8 @@ class GroupOffloadSettings:
 
 class _OffloadState(placement.Placement):
     """The applied offload (a :class:`placement.Placement`, keyed on settings, patch uuid, device)."""
+
+    memory_path = "MemoryKit group offload"
 
     def __init__(self, handle, settings, patches_uuid, device, offload_device, backup, parts=None):
         super().__init__((settings, patches_uuid, device))
@@ -233,8 +235,7 @@ def _standard_clone(model):
     :func:`gguf_weights.placement_class`) or when the MODEL has no diffusion model; ValueError
     when it comes through Balanced Device Map (both decide where the weights live).
     """
-    from .device_map_patcher import DEVICE_MAP_ATTACHMENT  # imports this module
-    if model.get_attachment(DEVICE_MAP_ATTACHMENT) is not None:
+    if model.get_attachment(placement.DEVICE_MAP_ATTACHMENT) is not None:
         raise ValueError("Group Offload: this MODEL comes through Balanced Device Map, and both nodes decide where "
                          "the weights live. Connect Group Offload to the loader (or LoRA loader) directly, or use "
                          "Balanced Device Map alone.")

@@ -66,7 +66,10 @@ class Placement:
     """One applied placement; subclasses hold what undoing it needs and implement :meth:`undo`.
 
     ``key``: what the placement was made for (compared with ``==`` by :func:`reuse`).
+    ``memory_path``: how Memory Report names a model with this placement applied.
     """
+
+    memory_path = "MemoryKit placement"
 
     def __init__(self, key: tuple):
         self.key = key
@@ -93,6 +96,12 @@ def applied(base_model) -> Placement | None:
     return base_model.__dict__.get(_ATTR)
 
 
+def memory_path(base_model) -> str | None:
+    """Memory Report's name for the placement applied to ``base_model`` now, or None."""
+    p = applied(base_model)
+    return p.memory_path if p is not None else None
+
+
 def owns(patcher) -> bool:
     """True when ``patcher`` owns the placement applied to its model."""
     p = applied(patcher.model)
@@ -105,9 +114,10 @@ def _finalize(base_model, placement, owner_id) -> None:
         remove(base_model)
 
 
-# The attachment each placement node sets on its MODEL clone → the node's name (the attachment
-# keys of offload_patcher.GROUP_OFFLOAD_KEY and device_map_patcher.DEVICE_MAP_ATTACHMENT).
-PLACED_BY = {"memorykit_group_offload": "Group Offload", "memorykit_device_map": "Balanced Device Map"}
+# The attachment each placement node sets on its MODEL clone, and → the node's name.
+GROUP_OFFLOAD_KEY = "memorykit_group_offload"
+DEVICE_MAP_ATTACHMENT = "memorykit_device_map"
+PLACED_BY = {GROUP_OFFLOAD_KEY: "Group Offload", DEVICE_MAP_ATTACHMENT: "Balanced Device Map"}
 PLANNED_KEY = "memorykit_memory_plan"  # set by Memory Plan on the MODEL it placed with Group Offload's code
 
 
