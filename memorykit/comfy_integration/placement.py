@@ -21,6 +21,11 @@ from :class:`PlacementPatcher`, which calls the functions below):
 - **readers**: a node that reads the shared weights while a placement may be applied (e.g. FP8
   Layerwise Cast) calls :func:`release` first; a node that has ComfyUI load the model to read
   it (Save Sharded: core's savers call ``load_models_gpu``) does so inside :func:`plain_load`.
+- **failure**: whatever raises while a placement is applied, the model is put back as it was
+  (:meth:`PlacementPatcher._place`, :class:`memorykit.module_state.ModuleState`); an undo that
+  raises half-way is finished (:func:`remove`). :data:`fault_hook` lets tests fail on purpose.
+- **blocks**: every placement sees the same blocks (:func:`comfy_block_lists`): Group Offload
+  streams them, Balanced Device Map never splits them.
 """
 from __future__ import annotations
 
