@@ -32,6 +32,10 @@ from accelerate.utils import (compute_module_sizes, convert_file_size_to_int, ge
                               get_max_memory, infer_auto_device_map)
 
 from .offload_plan import block_parents
+from .validation import bounded_text
+
+MAX_MEMORY_CHARS = 4096  # max_memory: a few entries, one per device
+MAX_CUSTOM_MAP_CHARS = 2**20  # custom_device_map: one entry per module of the largest models fits
 
 Device = Union[int, str]
 STRATEGIES = ("balanced", "balanced_low_0", "sequential")
@@ -107,7 +111,7 @@ def parse_max_memory(text: str) -> MaxMemory:
     in accelerate). Raises ValueError naming the bad entry: unknown device, malformed or
     infinite size, a size over 1 EiB, a device given twice, or no entry.
     """
-    text = (text or "").strip()
+    text = bounded_text(text, "max_memory", MAX_MEMORY_CHARS, "give one entry per device, e.g. cuda:0=20GiB, cpu=64GiB").strip()
     if text.lower() in ("", "auto"):
         return MaxMemory(None, True)
     budgets: dict = {}
@@ -328,6 +332,8 @@ def parse_custom_device_map(text: str) -> dict:
     """JSON text ``{"module name": "cuda:0" | 0 | "cpu" | "disk", ...}`` → dict with parsed devices
     (see :func:`parse_device`). Raises ValueError for invalid or too deeply nested JSON, a
     non-object, or a bad device."""
+    bounded_text(text, "custom_device_map", MAX_CUSTOM_MAP_CHARS,
+                 "map whole blocks (e.g. {\"double_blocks\": \"cuda:0\"}) instead of single layers")
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:

@@ -170,7 +170,8 @@ class LayerPlan:
 
 
 def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str, str]],
-                get_module: Callable[[str, torch.nn.Module], torch.nn.Module] | None = None) -> LayerPlan:
+                get_module: Callable[[str, torch.nn.Module], torch.nn.Module] | None = None,
+                check: Callable[[], None] | None = None) -> LayerPlan:
     """Split the Linear/Conv1d/2d/3d layers of ``module`` into cast and kept.
 
     A layer is kept when a pattern (``re.search`` semantics on its dotted name; a ``str`` is a
@@ -179,7 +180,8 @@ def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str
     is not float32/float16/bfloat16 (already quantised, e.g. core's fp8 weight dtype), or when
     it holds parameters/buffers other than ``weight``/``bias`` (e.g. core's scaled-fp8 ops).
     ``get_module(name, module)`` may map a module found in the tree to the one to inspect
-    (ComfyUI: the original behind an object patch).
+    (ComfyUI: the original behind an object patch). ``check()`` runs before each module (ComfyUI:
+    its interrupt check, so Cancel stops a long plan).
     """
     # A user's pattern (a plain string, from parse_patterns) is matched by the bounded-time
     # automaton; a preset's (a (pattern, reason) pair written in this module, some with
@@ -188,6 +190,8 @@ def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str
                 else (re.compile(p[0]), f"{p[0]} ({p[1]})") for p in skip_patterns]
     plan = LayerPlan()
     for name, m in module.named_modules():
+        if check is not None:
+            check()
         if get_module is not None:
             m = get_module(name, m)
         if not isinstance(m, CASTABLE_TYPES) or not name:

@@ -87,14 +87,15 @@ def check_disk_folder(folder: str | os.PathLike, need_bytes: int = 0, what: str 
     ``need_bytes`` + 256 MiB free. ``what`` names the folder in messages (a node's field name).
     """
     path = os.path.abspath(os.path.expanduser(str(folder)))
+    if os.path.islink(path) and not os.path.exists(path):
+        raise RuntimeError(f"{what} {path!r} is a symlink to {os.readlink(path)!r}, which does not exist: "
+                           "fix the link or choose another folder.")
     if not os.path.exists(path):
         raise RuntimeError(f"{what} {path!r} does not exist: create it or choose another folder.")
     if not os.path.isdir(path):
         raise RuntimeError(f"{what} {path!r} is not a folder: choose a folder.")
     try:
-        fd, probe = tempfile.mkstemp(prefix=".memorykit-probe-", dir=path)
-        os.close(fd)
-        os.unlink(probe)
+        tempfile.TemporaryFile(prefix=".memorykit-probe-", dir=path).close()  # no name (Linux) or unlinked at once
     except OSError as e:
         raise RuntimeError(f"{what} {path!r} is not writable ({e.strerror}): "
                            "choose a writable folder.") from None

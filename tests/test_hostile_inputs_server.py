@@ -54,6 +54,19 @@ def test_item1_catastrophic_skip_pattern_keeps_the_server_answering(server):
     assert server.get("/queue", timeout=10)["queue_running"] == []
 
 
+def test_round3_item1_a_megabyte_of_skip_patterns_is_refused_at_once(server):
+    """One pattern on 80 000 lines (1.1 MB) ran 250 s and an interrupt took 302 s to act: now
+    the prompt fails at once naming the field and the limit, and the next prompt runs."""
+    fp8 = {"class_type": "MemoryKitFp8LayerwiseCast",
+           "inputs": {"model": ["1", 0], "storage_dtype": "float8_e4m3fn", "compute_dtype": "auto", "fp8_matmul": False,
+                      "scaling": "per-tensor", "skip_preset": "auto",
+                      "extra_skip_patterns": "blocks\\.0\\.zz\n" * 80_000 + f"# {uuid.uuid4().hex}"}}
+    t0 = time.time()
+    res = _run_while_serving(server, {"1": CKPT, "2": fp8, "3": _report(["2", 0])}, timeout=60)
+    assert "extra_skip_patterns is 1,120,0" in _error(res) and "at most 65,536" in _error(res), _error(res)
+    assert time.time() - t0 < 30
+
+
 # -- item 2: an index that is a FIFO or /dev/zero is refused without reading ---------------------
 
 @pytest.fixture

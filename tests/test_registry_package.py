@@ -13,7 +13,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from harness import paths
+
+pytestmark = pytest.mark.core_independent  # runs on the ComfyUI 0.33 suite only
 
 SHIPPED_TOP = {"__init__.py", "nodes", "memorykit", "js", "example_workflows", "docs", "README.md", "LICENSE",
                "pyproject.toml", "requirements.txt"}

@@ -5,7 +5,11 @@ from __future__ import annotations
 import re
 import tomllib
 
+import pytest
+
 from harness import paths
+
+pytestmark = pytest.mark.core_independent  # runs on the ComfyUI 0.33 suite only
 
 FRONTEND = "comfyui-frontend-package"
 

@@ -18,9 +18,8 @@ import torch
 
 from .. import device_map as dmap
 from ..device_dispatch import dispatch_device_map
-from ..offload import check_disk_folder
 from . import placement
-from .cleanup import default_disk_folder
+from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
 from .offload_patcher import GROUP_OFFLOAD_KEY
@@ -82,23 +81,27 @@ def _map_device_of(device) -> object:
     return (d.index or 0) if d.type == "cuda" else d.type
 
 
-class _DeviceMapPatcherMixin:
-    """ModelPatcher behaviour for a clone carrying a :class:`DeviceMapPlan` (see section notes)."""
+class _DeviceMapPatcherMixin(placement.PlacementPatcher):
+    """ModelPatcher behaviour for a clone carrying a :class:`DeviceMapPlan`: the placement
+    lifecycle of :class:`placement.PlacementPatcher`, applying the device map."""
 
     def _device_map_plan(self) -> DeviceMapPlan | None:
         if placement.wants_plain_load(self):
             return None  # saving: ComfyUI's own load, real weights (placement.plain_load)
         return self.get_attachment(DEVICE_MAP_ATTACHMENT)
 
-    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
-        plan = self._device_map_plan()
-        if plan is None:
-            placement.remove(self.model)
-            return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
-        placement.remove(self.model)
+    _placement_kind = _AppliedDeviceMap
+
+    def _placement_plan(self, device_to, force_patch_weights):
+        return self._device_map_plan()
+
+    def _placement_key(self, plan, device_to) -> tuple:
+        return (plan, self.patches_uuid, _device(device_to))
+
+    def _apply_placement(self, device_to, plan, memory, force_patch_weights) -> None:
         # ComfyUI's own full load onto the offload device: applies weight patches (LoRA), no
         # lowvram casting, weights stay in RAM; accelerate then places them.
-        super().load(self.offload_device, 0, force_patch_weights, True)
+        self._core_load(self.offload_device, 0, force_patch_weights, True)
         handle = dispatch_device_map(self.model.diffusion_model, plan.device_map, plan.offload_folder, plan.main_device,
                                      skip_keys=_DEVICE_MAP_SKIP_KEYS, preload_module_classes=list(plan.block_classes))
         placement.install(self, _AppliedDeviceMap(handle, plan, self.patches_uuid, _device(device_to),
@@ -109,49 +112,6 @@ class _DeviceMapPatcherMixin:
         self.model.model_lowvram = False
         self.model.model_loaded_weight_memory = on_load_device
         self.model.model_offload_buffer_memory = 0
-
-    def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
-        plan = self._device_map_plan()
-        if plan is None:
-            if placement.applied(self.model) is not None:
-                self.unpatch_model(self.offload_device, unpatch_weights=True)
-            return super().partially_load(device_to, extra_memory, force_patch_weights)
-        key = (plan, self.patches_uuid, _device(device_to))
-        if not force_patch_weights and placement.reuse(self, key, _AppliedDeviceMap):
-            return 0
-        with self.use_ejected(skip_and_inject_on_exit_only=True):
-            # Start from ComfyUI's unloaded state whatever was there (the plain model, another map).
-            self.unpatch_model(self.offload_device, unpatch_weights=True)
-            self.patch_model(load_weights=False)
-            try:
-                self.load(device_to, force_patch_weights=force_patch_weights, full_load=True)
-            except Exception:
-                self.detach()
-                raise
-        return self.model.model_loaded_weight_memory
-
-    def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
-        if placement.applied(self.model) is not None:
-            return 0  # a device map is removed whole (detach), never in part
-        return super().partially_unload(device_to, memory_to_free, force_patch_weights)
-
-    def unpatch_model(self, device_to=None, unpatch_weights=True):
-        if unpatch_weights:
-            placement.remove(self.model)
-        return super().unpatch_model(device_to, unpatch_weights)
-
-    def is_clone(self, other):
-        # load_models_gpu is about to load this patcher and detach `other` with unpatch_all=False:
-        # this patcher's partially_load reuses or replaces the placement, so that detach may keep it.
-        same = super().is_clone(other)
-        if same:
-            placement.mark_handover(self, other)
-        return same
-
-    def detach(self, unpatch_all=True):
-        # The owner's full detach: the map removed (weights back where they were), then ComfyUI's
-        # full unpatch so its bookkeeping (patched weights, loaded size) matches.
-        return super().detach(placement.detach_unpatch_all(self, unpatch_all))
 
 
 _DEVICE_MAP_CLASSES: dict = {}
@@ -210,7 +170,7 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     folder = (offload_folder or "").strip()
     per_device = dmap.bytes_per_device(diffusion_model, device_map)
     if "disk" in per_device:
-        folder = check_disk_folder(folder or default_disk_folder(), what="offload_folder")
+        folder = usable_disk_folder(folder, what="offload_folder")
     folder = folder or default_disk_folder()
     # preloaded whole when offloaded: the blocks whose own forward runs (a UNet's
     # TimestepEmbedSequential is never called as a whole: its layers are, see comfy_block_lists)

@@ -334,7 +334,7 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
             return n.get_model_object(key)
         return m
 
-    plan = fp8.plan_layers(dm, patterns, get_module=original)
+    plan = fp8.plan_layers(dm, patterns, get_module=original, check=cmm.throw_exception_if_processing_interrupted)
     if not plan.cast:
         reasons = sorted(set(plan.kept.values()))[:5]
         raise ValueError(f"FP8 Layerwise Cast: no layer of this {family} model left to cast (kept for: {reasons}). "

@@ -4,8 +4,8 @@ apply the pick with the code the individual nodes use (FP8 Layerwise Cast's
 and hand a VAE that decodes in the planned tiles (a copy; the input VAE is not changed).
 
 Measured once per server process and cached (:func:`bandwidths`): pinned host→device bandwidth
-(a timed copy, CUDA only), the offload folder's disk read speed (a timed read of a temp file
-written, flushed from the page cache and deleted), sustained matmul throughput. Free VRAM/RAM/disk
+(a timed copy, CUDA only), the offload folder's disk read speed (a timed read of a file with no
+name, flushed from the page cache; nothing is left if the process is killed), sustained matmul throughput. Free VRAM/RAM/disk
 are read on every run (they change between runs).
 """
 from __future__ import annotations
@@ -16,7 +16,6 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 import time
 
 import comfy.model_management as mm
@@ -27,14 +26,15 @@ from .. import memory_plan as mp
 from .. import validation
 from . import placement
 from ..offload_plan import GroupOffloadOptions
+from ..offload_store import disk_read_speed
 from .compat import is_dynamic, patcher_free_memory
 from .fp8_patcher import FP8_ATTACHMENT, fp8_layerwise_cast, model_compute_dtype
 from .offload_patcher import (
     GroupOffloadSettings,
     comfy_block_lists,
-    default_disk_folder,
     prepare_group_offload,
 )
+from .cleanup import usable_disk_folder
 
 _log = logging.getLogger("MemoryKit")
 _CACHE: dict[str, dict] = {}
@@ -62,24 +62,9 @@ def _h2d_bandwidth(device: torch.device) -> float:
 
 
 def _disk_read(folder: str) -> float:
-    """Read speed of ``folder``'s disk: a temp file written, synced, dropped from the page cache
-    (``posix_fadvise DONTNEED`` where it exists), read back, deleted."""
-    fd, path = tempfile.mkstemp(prefix="memorykit-plan-", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(os.urandom(1 << 20) * (PROBE_BYTES >> 20))
-            f.flush()
-            os.fsync(f.fileno())
-
-        def read():
-            with open(path, "rb", buffering=0) as f:
-                if hasattr(os, "posix_fadvise"):
-                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-                while f.read(8 << 20):
-                    pass
-        return PROBE_BYTES / _timed(read, repeat=1)
-    finally:
-        os.unlink(path)
+    """Read speed of ``folder``'s disk (:func:`memorykit.offload_store.disk_read_speed`: a file
+    with no name, so a kill while measuring leaves nothing)."""
+    return disk_read_speed(folder, PROBE_BYTES, lambda fn: _timed(fn, repeat=1))
 
 
 def _flops(device: torch.device) -> float:
@@ -101,11 +86,11 @@ def bandwidths(device, disk_folder: str) -> dict:
     host→device figure is None (no bus to cross). A folder that cannot take the read probe
     (a full or read-only disk) gets :data:`memorykit.memory_plan.DEFAULT_DISK_READ`, not cached."""
     device = torch.device(device)
-    key = f"{device}|{os.path.realpath(disk_folder)}"
+    key = f"{device}|{os.path.realpath(disk_folder) if disk_folder else ''}"
     if key not in _CACHE:
         h2d = _h2d_bandwidth(device) if device.type == "cuda" else None
         try:
-            disk = _disk_read(disk_folder)
+            disk = _disk_read(disk_folder) if disk_folder else mp.DEFAULT_DISK_READ  # no folder: no disk plan
         except OSError as e:
             _log.warning("Memory Plan: cannot measure the disk of %s (%s); assuming %.1f GB/s",
                          disk_folder, e, mp.DEFAULT_DISK_READ / 1e9)
@@ -124,19 +109,30 @@ def _cpu_bytes(patcher) -> int:
 def measure_machine(patcher, disk_folder: str = "") -> mp.Machine:
     """This machine as ComfyUI sees it for ``patcher``'s model: free VRAM (:func:`patcher_free_memory`,
     which counts what dynamic VRAM can evict), RAM free plus what the model already holds in RAM,
-    free disk in the offload folder, and the cached :func:`bandwidths`."""
-    folder = disk_folder or default_disk_folder()
+    free disk in the offload folder (0 when it is unusable: see :func:`_measure`), and the cached
+    :func:`bandwidths`."""
+    return _measure(patcher, disk_folder)[0]
+
+
+def _measure(patcher, disk_folder: str) -> tuple[mp.Machine, str | None]:
+    """:func:`measure_machine` and, when the offload folder is unusable (the one check,
+    :func:`.cleanup.usable_disk_folder`), why: then no disk is planned with."""
     dev = torch.device(patcher.load_device)
+    try:
+        folder, problem = usable_disk_folder(disk_folder), None
+    except RuntimeError as e:  # no disk to plan with; plans in RAM/VRAM are still made
+        folder, problem = None, str(e)
+        _log.warning("Memory Plan: %s", e)
     b = bandwidths(dev, folder)
     gpu = dev.type == "cuda"
     return mp.Machine(
         vram_bytes=patcher_free_memory(patcher, dev) if gpu else 0,
         ram_bytes=int(mm.get_free_memory(torch.device("cpu"))) + _cpu_bytes(patcher),
-        disk_bytes=shutil.disk_usage(folder).free,
+        disk_bytes=shutil.disk_usage(folder).free if folder else 0,
         h2d_bytes_per_s=b["h2d_bytes_per_s"] or mp.DEFAULT_H2D,
         disk_read_bytes_per_s=b["disk_read_bytes_per_s"], flops_per_s=b["flops_per_s"],
         reserve_vram_bytes=int(mm.minimum_inference_memory()) if gpu else 0,
-        dynamic_vram=is_dynamic(patcher), source="measured")
+        dynamic_vram=is_dynamic(patcher), source="measured"), problem
 
 
 def given_machine(vram_gb: float, ram_gb: float, disk_gb: float, dynamic_vram: bool = False) -> mp.Machine:
@@ -328,12 +324,18 @@ def memory_plan(model, vae=None, latent=None, plan_for: str = "this machine", vr
     if placed:  # its candidates (Group Offload to RAM or disk) would be refused at apply
         raise ValueError(f"model: this MODEL comes through {placed}, which already decides where the weights live. "
                          f"Connect Memory Plan to the loader (or LoRA loader) directly, or use {placed} alone.")
-    folder = disk_folder or default_disk_folder()
-    machine = (measure_machine(model, folder) if plan_for == "this machine"
-               else given_machine(vram_gb, ram_gb, disk_gb))
+    machine, disk_problem = (_measure(model, disk_folder) if plan_for == "this machine"
+                             else (given_machine(vram_gb, ram_gb, disk_gb), None))
     shape = latent_shape(latent, model, width, height, frames)
     figures = model_figures(model, shape)
-    plan = mp.make_plan(machine, figures, mp.PlanOptions(allow_fp8=allow_fp8, prefer=prefer))
+    try:
+        plan = mp.make_plan(machine, figures, mp.PlanOptions(allow_fp8=allow_fp8, prefer=prefer))
+    except mp.PlanError as e:
+        if disk_problem:
+            raise mp.PlanError(f"{e} (No disk was planned with: {disk_problem})") from None
+        raise
+    if disk_problem:
+        plan.reasons.insert(0, f"No disk was planned with: {disk_problem}")
     if vae is not None:
         plan.tile_px, sentence = plan_tiles(vae, machine, shape)
         plan.reasons.insert(-1, sentence)

@@ -26,7 +26,7 @@ import comfy.utils
 
 from .. import badge, offload, offload_plan, report
 from . import placement
-from .cleanup import default_disk_folder
+from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models, weight_dtype_options
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram, patcher_free_memory
 from .fp8_patcher import plain_fp8_layers
@@ -106,8 +106,9 @@ def group_offload_applied(base_model) -> bool:
     return _offload_state(base_model) is not None
 
 
-class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
-    """ModelPatcher that loads its diffusion model group-offloaded (see the section comment)."""
+class GroupOffloadModelPatcher(placement.PlacementPatcher, comfy.model_patcher.ModelPatcher):
+    """ModelPatcher that loads its diffusion model group-offloaded (see the section comment); its
+    load/unload/detach lifecycle is :class:`placement.PlacementPatcher`."""
 
     def _offload_settings(self, device_to, force_patch_weights=False):
         s = self.get_attachment(GROUP_OFFLOAD_KEY)
@@ -117,53 +118,19 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
             return None  # computing on the CPU from CPU RAM: nothing to offload
         return s
 
-    def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
-        s = self._offload_settings(device_to, force_patch_weights)
-        if s is None:
-            if placement.applied(self.model) is not None:
-                self.unpatch_model(self.offload_device, unpatch_weights=True)
-            return super().partially_load(device_to, extra_memory, force_patch_weights)
-        if placement.reuse(self, (s, self.patches_uuid, torch.device(device_to)), _OffloadState):
-            return 0
-        with self.use_ejected(skip_and_inject_on_exit_only=True):
-            before = self.model.model_loaded_weight_memory
-            self.unpatch_model(_STORE, unpatch_weights=True)
-            self.patch_model(load_weights=False)
-            try:
-                self._apply_group_offload(torch.device(device_to), s, extra_memory)
-            except BaseException:
-                self.detach()
-                raise
-        return max(0, self.model.model_loaded_weight_memory - before)
+    _placement_kind = _OffloadState
 
-    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
-        s = self._offload_settings(device_to, force_patch_weights)
-        if s is None:
-            return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
-        with self.use_ejected():
-            self.unpatch_model(_STORE, unpatch_weights=True)
-            self._apply_group_offload(torch.device(device_to), s, lowvram_model_memory or 1e32)
+    def _placement_plan(self, device_to, force_patch_weights):
+        return self._offload_settings(device_to, force_patch_weights)
 
-    def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
-        if placement.applied(self.model) is not None:
-            return 0  # ComfyUI then unloads the model completely (LoadedModel.model_unload)
-        return super().partially_unload(device_to, memory_to_free, force_patch_weights)
+    def _placement_key(self, plan, device_to) -> tuple:
+        return (plan, self.patches_uuid, torch.device(device_to))
 
-    def unpatch_model(self, device_to=None, unpatch_weights=True):
-        if unpatch_weights:
-            placement.remove(self.model)
-        return super().unpatch_model(device_to, unpatch_weights)
+    def _placement_store(self):
+        return _STORE
 
-    def is_clone(self, other):
-        # load_models_gpu is about to load this patcher and detach `other` with unpatch_all=False:
-        # this patcher's partially_load reuses or replaces the placement, so that detach may keep it.
-        same = super().is_clone(other)
-        if same:
-            placement.mark_handover(self, other)
-        return same
-
-    def detach(self, unpatch_all=True):
-        return super().detach(placement.detach_unpatch_all(self, unpatch_all))
+    def _apply_placement(self, device_to, plan, memory, force_patch_weights) -> None:
+        self._apply_group_offload(torch.device(device_to), plan, memory)
 
     def _apply_group_offload(self, device_to, s: GroupOffloadSettings, extra_memory) -> None:
         if self.hook_patches:
@@ -206,7 +173,8 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
             budget = max(0, int(min(budget, extra_memory)))
         handle = offload.apply_group_offload(
             dm, device_to, store, options=opts, budget_bytes=budget,
-            block_lists=comfy_block_lists(dm), disk_folder=s.disk_folder or default_disk_folder(),
+            block_lists=comfy_block_lists(dm),
+            disk_folder=usable_disk_folder(s.disk_folder) if opts.offload_to == "disk" else default_disk_folder(),
             disk_tag=f"{type(self.model).__name__}-{str(self.patches_uuid)[:8]}")
         if handle.plan.below_minimum:
             notes.append(f"budget {budget / 2**30:.2f} GiB is below the minimum footprint: everything streams")
@@ -276,7 +244,7 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
         _log.warning("Group Offload: %s; the model is passed through unchanged.", reason)
         return model, {"status": "passthrough", "reason": reason, "options": _options_info(settings)}
     if settings.options.offload_to == "disk":
-        offload.check_disk_folder(settings.disk_folder or default_disk_folder())
+        usable_disk_folder(settings.disk_folder)
     n = _standard_clone(model)
     plain_fp8_layers(n, "Group Offload")  # core's QuantizedTensor layers → plain float8 tensors
     n.__class__ = GroupOffloadModelPatcher  # same object layout; how ComfyUI-GGUF makes its patcher from a clone

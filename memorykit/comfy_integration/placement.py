@@ -3,7 +3,8 @@
 Every clone of a MODEL shares one ``BaseModel``. When ComfyUI loads one of the pack's patchers,
 it changes that module for all of them (hooks, weights streamed, placeholders for weights that
 live elsewhere): a *placement*. It is recorded on the BaseModel (one at a time) with the patcher
-that owns it, and follows this rule (both patcher classes call the functions below):
+that owns it, and follows this rule (both patcher classes get their load/unload/detach lifecycle
+from :class:`PlacementPatcher`, which calls the functions below):
 
 - **reuse**: a patcher being loaded keeps the placement when its key (settings, weight-patch
   uuid, device) is the placement's key (:func:`reuse`): it re-applies its own object patches
@@ -189,3 +190,92 @@ def release(base_model) -> bool:
         owner.detach(unpatch_all=True)
     remove(base_model)  # no-op when the owner's detach removed it
     return True
+
+
+class PlacementPatcher:
+    """The lifecycle every placement's ModelPatcher follows: a mixin over a ModelPatcher class
+    (Group Offload's ``GroupOffloadModelPatcher``, Balanced Device Map's ``DeviceMap<Base>``).
+
+    A subclass says what it places and how; this class decides when, following the rule of this
+    module (reuse, hand-over, detach, collection):
+
+    - :meth:`_placement_plan` ``(device_to, force_patch_weights)``: what to apply for this load,
+      or None for ComfyUI's own load (any placement is removed first);
+    - :meth:`_placement_key` ``(plan, device_to)``: the key a reusable placement carries;
+    - ``_placement_kind``: the :class:`Placement` subclass it installs;
+    - ``_placement_store``: where the weights wait while unloaded (default: the offload device);
+    - :meth:`_apply_placement` ``(device_to, plan, memory, force_patch_weights)``: apply it to
+      the model ComfyUI has just put in its unloaded state (weights unpatched, object patches
+      applied) and :func:`install` it.
+    """
+
+    _placement_kind: type = Placement
+
+    def _placement_plan(self, device_to, force_patch_weights):
+        raise NotImplementedError
+
+    def _placement_key(self, plan, device_to) -> tuple:
+        raise NotImplementedError
+
+    def _apply_placement(self, device_to, plan, memory, force_patch_weights) -> None:
+        raise NotImplementedError
+
+    def _placement_store(self):
+        return self.offload_device
+
+    def _core_load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
+        """ComfyUI's own ``load`` of the patcher class below this mixin."""
+        return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
+
+    def _place(self, device_to, plan, memory, force_patch_weights) -> None:
+        self.unpatch_model(self._placement_store(), unpatch_weights=True)
+        self.patch_model(load_weights=False)
+        try:
+            self._apply_placement(device_to, plan, memory, force_patch_weights)
+        except BaseException:
+            self.detach()
+            raise
+
+    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
+        plan = self._placement_plan(device_to, force_patch_weights)
+        if plan is None:
+            remove(self.model)
+            return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
+        with self.use_ejected(skip_and_inject_on_exit_only=True):
+            self._place(device_to, plan, lowvram_model_memory or 1e32, force_patch_weights)
+
+    def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
+        plan = self._placement_plan(device_to, force_patch_weights)
+        if plan is None:
+            if applied(self.model) is not None:
+                self.unpatch_model(self.offload_device, unpatch_weights=True)
+            return super().partially_load(device_to, extra_memory, force_patch_weights)
+        if not force_patch_weights and reuse(self, self._placement_key(plan, device_to), self._placement_kind):
+            return 0
+        with self.use_ejected(skip_and_inject_on_exit_only=True):
+            before = self.model.model_loaded_weight_memory
+            self._place(device_to, plan, extra_memory, force_patch_weights)
+        return max(0, self.model.model_loaded_weight_memory - before)
+
+    def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
+        if applied(self.model) is not None:
+            return 0  # a placement is removed whole (ComfyUI then unloads the model: detach), never in part
+        return super().partially_unload(device_to, memory_to_free, force_patch_weights)
+
+    def unpatch_model(self, device_to=None, unpatch_weights=True):
+        if unpatch_weights:
+            remove(self.model)
+        return super().unpatch_model(device_to, unpatch_weights)
+
+    def is_clone(self, other):
+        # load_models_gpu is about to load this patcher and detach `other` with unpatch_all=False:
+        # this patcher's partially_load reuses or replaces the placement, so that detach may keep it.
+        same = super().is_clone(other)
+        if same:
+            mark_handover(self, other)
+        return same
+
+    def detach(self, unpatch_all=True):
+        # The owner's full detach: the placement undone (weights back where they were), then
+        # ComfyUI's full unpatch so its bookkeeping (patched weights, loaded size) matches.
+        return super().detach(detach_unpatch_all(self, unpatch_all))
