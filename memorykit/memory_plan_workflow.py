@@ -27,7 +27,6 @@ import itertools
 from dataclasses import dataclass, field, replace
 
 from .memory_plan import (
-    GIB,
     MEMORY_SLOWDOWN,
     Candidate,
     Machine,
@@ -299,9 +298,10 @@ def encoder_figures(module, label: str, dtype: str, tokens: int = ENCODE_TOKENS)
     layers × the element size, plus one attention score matrix (tokens² × heads, heads =
     width / 128); FLOPs: 2 × parameters × ``tokens``."""
     import torch
+
     from .memory_plan import module_figures
     lists = [(n, m) for n, m in module.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1]
-    size = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731
+    size = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())
     name, blocks = max(lists, key=lambda x: size(x[1])) if lists else ("", [])
     block_lists = [(name, [(f"{name}.{i}", b) for i, b in enumerate(blocks)])] if lists else []
     cast = {f"{name}.{i}.{n}" for i, b in enumerate(blocks) for n, x in b.named_modules()

@@ -15,7 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from harness import comfy_env, workflow_plans  # noqa: E402
+from harness import comfy_env, workflow_plans
 
 RESULTS = REPO / "benchmarks" / "results" / "memory_plan_workflows.md"
 

@@ -13,7 +13,6 @@ from .. import memory_plan as mp
 from .. import memory_plan_workflow as wf
 from . import memory_plan_io as io
 from . import placement
-from .offload_patcher import default_disk_folder
 
 
 def clip_figures(clip) -> mp.ModelFigures:
@@ -77,15 +76,15 @@ def memory_plan_workflow(model, vae=None, latent=None, plan_for: str = "this mac
         if placed:
             raise ValueError(f"{field}: this MODEL comes through {placed}, which already decides where the weights live. "
                              f"Connect Memory Plan to the loader (or LoRA loader) directly, or use {placed} alone.")
-    folder = disk_folder or default_disk_folder()
+    disk_problem = None
     if plan_for == "this machine":
-        machine = io.measure_machine(model, folder)
+        machine, disk_problem = io._measure(model, disk_folder)  # no usable offload folder: no disk plans
         others = [p for p in (model_2, getattr(clip, "patcher", None), getattr(vae, "patcher", None)) if p is not None]
         machine = dataclasses.replace(machine, ram_bytes=machine.ram_bytes + sum(io._cpu_bytes(p) for p in others))
     else:
         machine = io.given_machine(vram_gb, ram_gb, disk_gb)
     shape = io.latent_shape(latent, model, width, height, frames)
-    comps, figs = [], {}
+    comps, _figs = [], {}
     if clip is not None:
         comps.append(wf.Component("text encoder", "text encoder", clip_figures(clip)))
     two = model_2 is not None
@@ -96,7 +95,14 @@ def memory_plan_workflow(model, vae=None, latent=None, plan_for: str = "this mac
     if vae is not None:
         comps.append(wf.Component("VAE", "VAE", vae_figures(vae)))
     opts = mp.PlanOptions(allow_fp8=allow_fp8, prefer=prefer)
-    plan = wf.plan_workflow(machine, comps, opts)
+    try:
+        plan = wf.plan_workflow(machine, comps, opts)
+    except mp.PlanError as e:
+        if disk_problem:
+            raise mp.PlanError(f"{e} (No disk was planned with: {disk_problem})") from None
+        raise
+    if disk_problem:
+        plan.reasons.insert(0, f"No disk was planned with: {disk_problem}")
     tile_px = None
     if vae is not None:
         tile_px, sentence = io.plan_tiles(vae, machine, shape)

@@ -93,9 +93,9 @@ def markdown(all_components: dict, plans: dict) -> str:
     RAM; each cell: text encoder / diffusion model(s), peak RAM, seconds per prompt)."""
     g = 2 ** 30
     out = ["# Memory Plan: whole-workflow decisions from given figures", "",
-           "Written by `scripts/memory_plan_workflows.py` (checked by `tests/test_memory_plan_workflow.py`). "
+           ("Written by `scripts/memory_plan_workflows.py` (checked by `tests/test_memory_plan_workflow.py`). "
            "Components built from ComfyUI's own classes on the meta device, bf16; PCIe 4.0 (25 GB/s), "
-           f"NVMe (3 GB/s), 110 TFLOP/s, {DISK_GB} GiB of disk; a prompt = 2 texts encoded + 20 steps.", ""]
+           f"NVMe (3 GB/s), 110 TFLOP/s, {DISK_GB} GiB of disk; a prompt = 2 texts encoded + 20 steps."), ""]
     titles = {"flux2_dev": "Flux 2 [dev], 1024²", "wan22_14b": "Wan 2.2 14B t2v, two experts, 832×480, 81 frames"}
     for w in WORKFLOWS:
         out += [f"## {titles[w]}", "", "| component | weights | fp8 | blocks |", "|---|---|---|---|"]
