@@ -22,15 +22,6 @@ def comfyui_path() -> Path:
     return p
 
 
-def comfyui_version() -> tuple[int, ...]:
-    """The version of the ComfyUI tree the tests run on, read from its ``comfyui_version.py``
-    (``(0, 3, 75)``, ``(0, 33, 0)``); ``(0,)`` when the tree does not say."""
-    import re
-    text = (comfyui_path() / "comfyui_version.py")
-    m = re.search(r'__version__\s*=\s*"([0-9.]+)"', text.read_text()) if text.is_file() else None
-    return tuple(int(x) for x in m.group(1).split(".")) if m else (0,)
-
-
 def technique_package():
     """The pack's ``memorykit/`` technique package, imported by file as ``memorykit_tech``.
 
@@ -71,7 +62,14 @@ def comfyui_version() -> str:
     return m.group(1) if m else ""
 
 
+def comfyui_version_tuple() -> tuple[int, ...]:
+    """:func:`comfyui_version` as numbers (``(0, 33, 0)``); ``(0,)`` when it cannot be read."""
+    import re
+    return tuple(int(x) for x in re.findall(r"\d+", comfyui_version())[:3]) or (0,)
+
+
 def one_version_only() -> bool:
-    """True except under ComfyUI 0.33.x: a check that cannot differ between the tested ComfyUI
-    versions (technique code, plain files) runs on 0.3.75 and the newer one skips it (CI time)."""
-    return not comfyui_version().startswith("0.33")
+    """True on the newest tested ComfyUI (0.33+) only: a check that cannot differ between the tested
+    ComfyUI versions (technique code, plain files) runs once, on the 0.33 suite (CI time). The same
+    rule as the ``core_independent`` marker (tests/conftest.py)."""
+    return comfyui_version_tuple() >= (0, 33)
