@@ -126,9 +126,14 @@ def memory_plan_workflow(model, vae=None, latent=None, plan_for: str = "this mac
 
 
 def _badge(plan: wf.WorkflowPlan, tile_px) -> list[str]:
-    short = {"text encoder": "TE", "VAE": "VAE"}
-    parts = [f"{short.get(d.component.role, 'DM2' if d.component.name.startswith('diffusion model 2') else 'DM')}: "
-             f"{d.pick.badge()}" for d in plan.decisions if d.component.role != "VAE"]
+    """One figure per component: "TE: stream 30.02 GiB/text from disk", "DM: as loaded", "DM2: ...";
+    then the tiles."""
+    parts = []
+    for d in plan.decisions:
+        if d.component.role == "text encoder":  # streamed once per text, not per step
+            parts.append("TE: " + d.pick.badge().replace("/step from", "/text from"))
+        elif d.component.role == "diffusion model":
+            parts.append(("DM2: " if d.component.name.startswith("diffusion model 2") else "DM: ") + d.pick.badge())
     return parts + [f"tiles {tile_px}" if tile_px else "no tiles"]
 
 
