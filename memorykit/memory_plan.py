@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from .offload_plan import RING_GROUPS, spread_order
+from .units import size_text
 
 GIB = float(1 << 30)
 # core's reserve for inference (comfy/model_management.py minimum_inference_memory(): 0.8 GiB
@@ -215,8 +216,8 @@ class Plan:
 
 
 def gib_text(n: float) -> str:
-    """Bytes → "1.23 GiB" (the sentences' unit)."""
-    return f"{n / GIB:.2f} GiB"
+    """Bytes → "1.23 GiB", or MiB/KiB below 1 GiB (:func:`memorykit.units.size_text`)."""
+    return size_text(n)
 
 
 def fit_blocks(block_bytes: tuple[int, ...], other_bytes: int, budget: int | None) -> tuple[int, int, int]:
@@ -246,7 +247,10 @@ def _times(c: Candidate, m: Machine, model: ModelFigures, fp8_bytes: int, bandwi
 
 
 def _check(c: Candidate, m: Machine, vram_cap: int) -> Candidate:
-    if m.gpu and c.peak_vram_bytes > vram_cap:
+    if m.gpu and c.peak_vram_bytes > vram_cap and m.vram_bytes <= m.reserve_vram_bytes:
+        c.short.append(f"the VRAM given ({m.vram_bytes / GIB:.2f} GiB) is at or below core's {m.reserve_vram_bytes / GIB:.2f} "
+                       "GiB reserve, which ComfyUI keeps free whatever a model asks: nothing fits in VRAM")
+    elif m.gpu and c.peak_vram_bytes > vram_cap:
         c.short.append(f"VRAM short by {gib_text(c.peak_vram_bytes - vram_cap)}")
     if c.peak_ram_bytes > m.ram_bytes:
         c.short.append(f"RAM short by {gib_text(c.peak_ram_bytes - m.ram_bytes)}")

@@ -25,6 +25,8 @@ import shutil
 import stat
 from pathlib import Path
 
+from .units import size_text
+
 SAVE_MARKER = ".memorykit-save.json"
 MARKER_WRITER = "ComfyUI-MemoryKit Save Sharded"
 PATH_MAX = 4096  # Linux; os.pathconf gives the folder's own limit where it exists
@@ -129,8 +131,8 @@ def check_destination(dest: str | os.PathLike, needed_bytes: int, field: str = "
     free = shutil.disk_usage(existing).free
     if needed_bytes and needed_bytes + FREE_MARGIN > free:
         raise OSError(errno.ENOSPC, f"not enough free space in {existing}: the save needs "
-                      f"{needed_bytes / 2**30:.2f} GiB (plus {FREE_MARGIN // 2**20} MiB margin), "
-                      f"{free / 2**30:.2f} GiB are free: free some space or save elsewhere")
+                      f"{size_text(needed_bytes)} (plus {FREE_MARGIN // 2**20} MiB margin), "
+                      f"{size_text(free)} are free: free some space or save elsewhere")
 
 
 def write_marker(folder: str | os.PathLike, files: list[str]) -> None:

@@ -32,6 +32,7 @@ import torch
 
 from . import leftovers, safe_files
 from .sharded import Progress
+from .units import size_text
 from .validation import NAME_MAX
 
 # Same units as huggingface_hub.serialization._base.SIZE_UNITS (decimal, as HF writes them).
@@ -232,7 +233,7 @@ def _write(folder: Path, fname: str, write, *args, **kwargs) -> None:
         write(*args, **kwargs)
     except (OSError, SafetensorError) as e:
         free = shutil.disk_usage(folder.parent).free if folder.parent.exists() else 0
-        msg = (f"could not write {fname} for {folder}: {e} ({free / 2**30:.2f} GiB free on that disk; nothing was "
+        msg = (f"could not write {fname} for {folder}: {e} ({size_text(free)} free on that disk; nothing was "
                "kept): free some space or save elsewhere")
         errno_ = getattr(e, "errno", None)
         raise (OSError(errno_, msg) if errno_ else OSError(msg)) from e

@@ -54,7 +54,7 @@ def wan21_t2v() -> dict:
     """Wan 2.1 text-to-video, 9 frames at 128×128, 4 steps, Memory Reports, animated WEBP."""
     return {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": WAN21_UNET, "weight_dtype": "default"}},
-        "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "type": "wan"}},
+        "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "type": "wan", "device": "default"}},
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a red fox running through snow", "clip": ["2", 0]}},
         "4": {"class_type": "CLIPTextEncode", "inputs": {"text": NEG, "clip": ["2", 0]}},
         "5": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 128, "height": 128, "length": 9, "batch_size": 1}},
@@ -196,7 +196,7 @@ def wan22_two_experts() -> dict:
                                                     "weight_dtype": "default"}},
         "3": _group_offload_disk(["1", 0]),
         "4": _group_offload_disk(["2", 0]),
-        "5": {"class_type": "CLIPLoader", "inputs": {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "type": "wan"}},
+        "5": {"class_type": "CLIPLoader", "inputs": {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "type": "wan", "device": "default"}},
         "6": {"class_type": "CLIPTextEncode", "inputs": {"text": "a red fox running through snow", "clip": ["5", 0]}},
         "7": {"class_type": "CLIPTextEncode", "inputs": {"text": NEG, "clip": ["5", 0]}},
         "8": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 128, "height": 128, "length": 9, "batch_size": 1}},

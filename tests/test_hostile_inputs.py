@@ -380,3 +380,91 @@ def test_round3_item6_blocked_default_offload_folder(loaded, default_offload_blo
     assert info["pick"] != "stream from disk"
     assert os.path.lexists(path) and not os.path.isdir(path)  # the user's file or link is left as it was
 
+
+# -- round 3, item 7: the smallest tile a VAE can decode is the floor of tile_size ---------------
+
+def test_round3_item7_ltxv_tile_below_two_latent_px_is_refused_naming_the_floor(comfy):
+    """LTX-Video (32x) with tile_size 32 or 40 px (one latent px) failed with a raw "Padding size
+    should be less than the corresponding input dimension" (its decoder pads by reflection); core's
+    VAE Decode of the same latent works. Refused now, naming the floor; 64 px decodes."""
+    from harness import vae_zoo
+    from comfyui_memorykit.nodes.tiled_vae import TiledVAEDecode
+    vae = vae_zoo.build("ltxv")
+    z = {"samples": torch.randn(1, vae.latent_channels, 2, 3, 3, generator=torch.Generator().manual_seed(0))}
+    opts = dict(TILE_DEFAULTS, overlap=0)
+    for tile in (32, 40):
+        with pytest.raises(ValueError, match=rf"^tile_size \({tile} px\) is below the smallest tile this VAE can "
+                                             r"decode: 64 px \(2 latent px at its 32x compression.*give tile_size 64 or more"):
+            TiledVAEDecode.execute(z, vae, **dict(opts, tile_size=tile))
+    with torch.inference_mode():
+        images = TiledVAEDecode.execute(z, vae, **dict(opts, tile_size=64)).args[0]
+    assert images.shape[1:3] == (96, 96) and torch.isfinite(images).all()
+
+
+# -- round 3, item 8: sizes in a unit that fits; the reserve and the node named as the graph has them
+
+def test_round3_item8_sizes_are_printed_in_a_unit_that_fits(tmp_path):
+    from memorykit_tech import units
+    assert [units.size_text(n) for n in (0, 12, 3 * 2**10, 10.2 * 2**20, 512 * 2**20, 2**30 - 2**19, 26.62 * 2**30)] == \
+        ["0 bytes", "12 bytes", "3.00 KiB", "10.2 MiB", "512 MiB", "1024 MiB", "26.62 GiB"]
+    with small_tmpfs(tmp_path / "full", "1m") as full:  # Save Sharded, nearly full disk
+        with pytest.raises(OSError, match=r"needs 1.00 MiB .*, \d+(\.\d+)? (KiB|MiB) are free") as e:
+            sharded_save.save_sharded({"w": torch.ones(512, 512)}, full / "model")
+        assert "0.00 GiB" not in str(e.value)
+
+
+def test_round3_item8_memory_plan_names_the_reserve_and_the_node(loaded, tmp_path):
+    """Given VRAM at or below core's 0.8 GiB reserve said "VRAM short by 0.00 GiB"; Balanced
+    Device Map after a Memory Plan that streams from disk was refused naming Group Offload, a
+    node the graph does not have."""
+    from comfyui_memorykit.memorykit import memory_plan as mp
+    from comfyui_memorykit.memorykit.comfy_integration import device_map_patcher, memory_plan_io
+    model = loaded("sd15").patcher
+    for vram in (0.5, 0.8):
+        with pytest.raises(mp.PlanError) as e:
+            memory_plan_io.memory_plan(model, plan_for="given figures", vram_gb=vram, ram_gb=0.001, disk_gb=0,
+                                       width=64, height=64)
+        msg = str(e.value)
+        assert f"the VRAM given ({vram:.2f} GiB) is at or below core's 0.80 GiB reserve" in msg, msg
+        assert "0.00 GiB" not in msg, msg
+    out, _, info = memory_plan_io.memory_plan(model, plan_for="given figures", vram_gb=0, ram_gb=0.05, disk_gb=10, allow_fp8=False,
+                                              width=64, height=64, disk_folder=str(tmp_path))
+    assert info["pick"] == "stream from disk", info["reasons"]
+    with pytest.raises(ValueError, match=r"^Balanced Device Map: this MODEL comes through Memory Plan \(its pick streams "
+                                         r"the weights from RAM or disk\).*or use Memory Plan alone") as e:
+        device_map_patcher.device_map_model(out, "balanced", "auto")
+    assert "Group Offload" not in str(e.value)
+
+
+# -- round 3, item 3: a node inspects its MODEL's own modules, not another clone's patches --------
+
+def test_round3_item3_inspection_ignores_another_loaded_clones_fp8_layers(loaded):
+    """After an FP8 prompt the FP8 clone stays loaded and its float8 layers sit in the model the
+    clones share: Memory Plan read them as "already float8" (its pick changed with what ran
+    before; a plan queued after an FP8 prompt sampled the wrong model), and FP8 Layerwise Cast saw
+    nothing left to cast. Every inspecting node reads the MODEL's own modules."""
+    import comfy.model_management as mm
+    from comfyui_memorykit.memorykit.comfy_integration import device_map_patcher, fp8_patcher, memory_plan_io
+    from comfyui_memorykit.memorykit.comfy_integration.model_view import own_module
+    model = loaded("sd15").patcher
+    shape = [1, 4, 8, 8]
+    fresh = memory_plan_io.model_figures(model, shape)
+    _, fresh_info = fp8_patcher.fp8_layerwise_cast(model)
+    fresh_map = device_map_patcher.device_map_model(model, "balanced", "cpu=64GiB")[1]["bytes_per_device"]
+    other, _ = fp8_patcher.fp8_layerwise_cast(model)
+    mm.load_models_gpu([other])  # its float8 layers are now applied to the shared modules
+    try:
+        applied = [k for k in other.object_patches if k in other.object_patches_backup]
+        assert applied and model.model.diffusion_model.get_submodule(applied[0][len("diffusion_model."):]) \
+            is other.object_patches[applied[0]]
+        assert memory_plan_io.model_figures(model, shape) == fresh
+        again, info = fp8_patcher.fp8_layerwise_cast(model)
+        assert (info["cast_layers"], info["weight_bytes_after"]) == (fresh_info["cast_layers"], fresh_info["weight_bytes_after"])
+        assert device_map_patcher.device_map_model(model, "balanced", "cpu=64GiB")[1]["bytes_per_device"] == fresh_map
+        view = own_module(model)
+        assert view is not model.model.diffusion_model and \
+            view.get_submodule(applied[0][len("diffusion_model."):]) is other.object_patches_backup[applied[0]]
+    finally:
+        mm.unload_all_models()
+    assert own_module(model) is model.model.diffusion_model  # nothing applied: the tree itself
+

@@ -131,7 +131,6 @@ PROBE_CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(not paths.one_version_only(), reason="technique code and plain files: runs on the ComfyUI 0.33 suite only")
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_round3_item5_disk_speed_probe_leaves_no_file_when_killed(tmp_path, sig):
     """Memory Plan's disk-speed probe wrote a named temporary file (``memorykit-plan-*``, up to

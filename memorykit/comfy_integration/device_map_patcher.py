@@ -18,12 +18,13 @@ import torch
 
 from .. import device_map as dmap
 from ..device_dispatch import dispatch_device_map
-from . import placement
+from . import compat, placement
 from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
 from .offload_patcher import GROUP_OFFLOAD_KEY
 from .fp8_patcher import plain_fp8_layers
+from .model_view import own_module
 
 DEVICE_MAP_ATTACHMENT = "memorykit_device_map"
 # ComfyUI passes transformer_options (patches, wrappers, callbacks) down every forward; its
@@ -58,6 +59,7 @@ class _AppliedDeviceMap(placement.Placement):
     def undo(self, base_model) -> None:
         """Hooks removed, every weight back where it was (``DispatchedModel.remove``), counters reset."""
         self.handle.remove()
+        placement.fault_point("undo")
         base_model.model_loaded_weight_memory = 0
         base_model.device = self.offload_device
 
@@ -103,7 +105,8 @@ class _DeviceMapPatcherMixin(placement.PlacementPatcher):
         # lowvram casting, weights stay in RAM; accelerate then places them.
         self._core_load(self.offload_device, 0, force_patch_weights, True)
         handle = dispatch_device_map(self.model.diffusion_model, plan.device_map, plan.offload_folder, plan.main_device,
-                                     skip_keys=_DEVICE_MAP_SKIP_KEYS, preload_module_classes=list(plan.block_classes))
+                                     skip_keys=_DEVICE_MAP_SKIP_KEYS, preload_module_classes=list(plan.block_classes),
+                                     is_oom=compat.is_oom)
         placement.install(self, _AppliedDeviceMap(handle, plan, self.patches_uuid, _device(device_to),
                                                   self.offload_device))
         on_load_device = dmap.bytes_per_device(self.model.diffusion_model, plan.device_map).get(
@@ -139,7 +142,8 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     removed when ComfyUI unloads or detaches it. ``report`` is the Memory Report dict plus
     ``device_map`` (the ``hf_device_map`` the model will get: module → GPU index / "cpu" /
     "disk"), ``strategy``, ``max_memory`` (budgets in bytes after balancing, keyed by device
-    name; None for a custom map), ``no_split_module_classes``, ``bytes_per_device``,
+    name; None for a custom map), ``no_split_module_classes``, ``blocks`` (the blocks kept whole:
+    those Group Offload streams), ``bytes_per_device``,
     ``main_device``, ``offload_folder``, ``missing_devices``. Raises ValueError for bad input
     (see :mod:`memorykit.device_map`), RuntimeError naming ``offload_folder`` when the map puts
     weights on disk and that folder is missing or not writable (as Group Offload's
@@ -148,19 +152,23 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     from ..report import build_report, format_report
 
     if model.get_attachment(GROUP_OFFLOAD_KEY) is not None:
-        raise ValueError("Balanced Device Map: this MODEL comes through Group Offload, and both nodes decide where "
+        node = placement.placed_by(model)  # Group Offload, or Memory Plan that applied it
+        how = "" if node == "Group Offload" else " (its pick streams the weights from RAM or disk)"
+        raise ValueError(f"Balanced Device Map: this MODEL comes through {node}{how}, and both nodes decide where "
                          "the weights live. Connect Balanced Device Map to the loader (or LoRA loader) directly, "
-                         "or use Group Offload alone.")
-    diffusion_model = model.get_model_object("diffusion_model")
-    no_split = dmap.block_classes(diffusion_model)
+                         f"or use {node} alone.")
+    diffusion_model = own_module(model)  # its own modules, not another loaded clone's patches
+    blocks = placement.comfy_block_names(diffusion_model)  # the blocks Group Offload streams
+    no_split = dmap.block_classes(diffusion_model, blocks)
     if custom_device_map and custom_device_map.strip():
         device_map = dmap.validate_device_map(diffusion_model, dmap.parse_custom_device_map(custom_device_map))
         budgets, source = None, "custom device map"
     else:
         mm = dmap.parse_max_memory(max_memory)
-        device_map, budgets = dmap.plan_device_map(diffusion_model, mm.budgets, strategy, no_split, mm.allow_disk)
+        device_map, budgets = dmap.plan_device_map(diffusion_model, mm.budgets, strategy, no_split, mm.allow_disk,
+                                                   blocks)
         source = f"{strategy}, max_memory {mm.describe()}"
-    split = dmap.split_blocks(device_map, dmap.block_names(diffusion_model, no_split))
+    split = dmap.split_blocks(device_map, blocks)
     main = dmap.main_device(device_map)
     gpus = sorted({d for d in device_map.values() if d not in dmap.OFFLOAD_DEVICES}, key=str)
     if _is_comfy_unet(diffusion_model) and len(gpus) > 1:
@@ -172,10 +180,8 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     if "disk" in per_device:
         folder = usable_disk_folder(folder, what="offload_folder")
     folder = folder or default_disk_folder()
-    # preloaded whole when offloaded: the blocks whose own forward runs (a UNet's
-    # TimestepEmbedSequential is never called as a whole: its layers are, see comfy_block_lists)
-    preload = dmap.block_classes(diffusion_model, descend_into=("TimestepEmbedSequential",))
-    plan = DeviceMapPlan(device_map, main, folder, tuple(preload))
+    # preloaded whole when offloaded: the blocks, whose own forward runs (see comfy_block_lists)
+    plan = DeviceMapPlan(device_map, main, folder, tuple(no_split))
     clone = opt_out_of_dynamic_vram(model, "Balanced Device Map")
     plain_fp8_layers(clone, "Balanced Device Map")  # core's QuantizedTensor layers → plain float8 tensors
     clone.__class__ = _device_map_patcher_class(type(clone))
@@ -189,6 +195,7 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
         "strategy": None if budgets is None else strategy,
         "max_memory": None if budgets is None else {dmap.device_name(d): int(b) for d, b in budgets.items()},
         "no_split_module_classes": no_split,
+        "blocks": blocks,
         "split_blocks": split,
         "bytes_per_device": per_device,
         "main_device": dmap.device_name(main),

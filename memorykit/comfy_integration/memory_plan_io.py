@@ -35,6 +35,7 @@ from .offload_patcher import (
     prepare_group_offload,
 )
 from .cleanup import usable_disk_folder
+from .model_view import own_module
 
 _log = logging.getLogger("MemoryKit")
 _CACHE: dict[str, dict] = {}
@@ -52,7 +53,12 @@ def _timed(fn, repeat: int = 3) -> float:
 
 
 def _h2d_bandwidth(device: torch.device) -> float:
-    src = torch.empty(PROBE_BYTES, dtype=torch.uint8).pin_memory()
+    """Host→device copy speed as Group Offload streams: from pinned memory, or from pageable
+    memory under ``--disable-pinned-memory`` (then nothing is page-locked)."""
+    from .compat import pinned_memory_disabled
+    src = torch.empty(PROBE_BYTES, dtype=torch.uint8)
+    if not pinned_memory_disabled():
+        src = src.pin_memory()
     dst = torch.empty(PROBE_BYTES, dtype=torch.uint8, device=device)
 
     def copy_():
@@ -205,7 +211,7 @@ def model_figures(patcher, shape: list[int]) -> mp.ModelFigures:
     cast (its ``auto`` skip preset), activations from core's ``memory_required`` for the batch
     core samples (cond + uncond: ``2 × batch``, comfy/sampler_helpers.py), FLOPs ≈ 2 × parameters
     × tokens (latent positions / patch area) × that batch."""
-    dm = patcher.model.diffusion_model
+    dm = own_module(patcher)  # not another loaded clone's patches (FP8 layers) applied to the shared model
     lists = comfy_block_lists(dm)
     batch = 2 * shape[0]
     run_shape = [batch] + list(shape[1:])
@@ -236,6 +242,10 @@ def plan_tiles(vae, machine: mp.Machine, shape: list[int]) -> tuple[int | None, 
     if len(shape) != vae.latent_dim + 2:
         raise ValueError(f"vae: this VAE ({name}) decodes {vae.latent_dim}-D latents, "
                          f"the latent {shape} has {len(shape) - 2}: connect the VAE made for this model")
+    from .vae_defer import deferral
+    why = deferral(vae, "decode")
+    if why:  # tiles itself, or cannot be tiled from outside: decoded by core's VAE Decode
+        return None, f"VAE: {name} is not tiled by MemoryKit ({why}): decoded by core's VAE Decode, no tiles."
     vs = vae_shape(vae)
     frames = shape[2] if len(shape) == 5 else None
     probe = [1, vs.latent_channels] + ([frames] if frames else []) + [16, 16]
@@ -308,6 +318,8 @@ def apply_plan(model, plan: mp.Plan, disk_folder: str = ""):
         budget = pick.vram_budget_bytes if plan.machine.source == "measured" and plan.machine.gpu else 0
         out, applied["group_offload"] = prepare_group_offload(out, GroupOffloadSettings(
             options=opts, vram_budget_bytes=int(budget), disk_folder=disk_folder))
+        if out is not model:  # a clone of this node's: messages downstream name Memory Plan, the node in the graph
+            out.set_attachments(placement.PLANNED_KEY, pick.name)
     return out, applied
 
 

@@ -17,19 +17,27 @@ import dataclasses
 import logging
 import time
 
-import torch
-
 import comfy.model_management as mm
 import comfy.model_patcher
 import comfy.patcher_extension as pe
 import comfy.utils
+import torch
 
 from .. import badge, offload, offload_plan, report
-from . import placement
+from . import compat, placement
+from .placement import comfy_block_lists
+from ..units import size_text
 from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models, weight_dtype_options
-from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram, patcher_free_memory
+from .compat import (
+    OPTED_OUT_NOTE,
+    PAGEABLE_NOTE,
+    is_dynamic,
+    opt_out_of_dynamic_vram,
+    patcher_free_memory,
+)
 from .fp8_patcher import plain_fp8_layers
+from .model_view import own_module
 
 _log = logging.getLogger("MemoryKit")
 GROUP_OFFLOAD_KEY = "memorykit_group_offload"
@@ -57,11 +65,15 @@ class _OffloadState(placement.Placement):
         self.device, self.offload_device, self.backup = device, offload_device, backup
         self.last_run: dict | None = None
         self.notes: list[str] = []
+        self.counted_pinned = 0  # page-locked bytes added to core's pinned-memory count
 
     def undo(self, base_model) -> None:
         """Weights back on the offload device with their unpatched values (LoRA backups restored
         as ``ModelPatcher.unpatch_model`` does), weight functions wiped, ComfyUI's load counters reset."""
         offload.remove_group_offload(self.handle)
+        compat.count_pinned(-self.counted_pinned)
+        self.counted_pinned = 0
+        placement.fault_point("undo")
         for k, bk in list(self.backup.items()):
             (comfy.utils.copy_to_param if bk.inplace_update else comfy.utils.set_attr_param)(base_model, k, bk.weight)
         self.backup.clear()
@@ -77,23 +89,6 @@ class _OffloadState(placement.Placement):
         base_model.model_lowvram = False
         base_model.lowvram_patch_counter = 0
         base_model.current_weight_patches_uuid = None
-
-
-def comfy_block_lists(diffusion_model: torch.nn.Module) -> offload_plan.BlockLists:
-    """Blocks of a ComfyUI diffusion model: diffusers' rule, except that the elements of a
-    ``TimestepEmbedSequential`` (SD/SDXL UNets) are the blocks, because ComfyUI's
-    ``forward_timestep_embed`` calls those layers directly and never the container's forward."""
-    from comfy.ldm.modules.diffusionmodules.openaimodel import TimestepEmbedSequential
-    out = []
-    for name, lists in offload_plan.default_block_lists(diffusion_model):
-        items = []
-        for qn, b in lists:
-            if isinstance(b, TimestepEmbedSequential):
-                items += [(f"{qn}.{j}", layer) for j, layer in enumerate(b)]
-            else:
-                items.append((qn, b))
-        out.append((name, items))
-    return out
 
 
 def _offload_state(base_model) -> _OffloadState | None:
@@ -133,6 +128,34 @@ class GroupOffloadModelPatcher(placement.PlacementPatcher, comfy.model_patcher.M
         self._apply_group_offload(torch.device(device_to), plan, memory)
 
     def _apply_group_offload(self, device_to, s: GroupOffloadSettings, extra_memory) -> None:
+        self._finalize_weights(device_to)
+        dm = self.model.diffusion_model
+        for child in self.model.children():
+            if child is not dm:
+                child.to(device_to)
+        opts, notes, budget = self._run_options(device_to, s, extra_memory)
+        handle = offload.apply_group_offload(
+            dm, device_to, _STORE, options=opts, budget_bytes=budget,
+            block_lists=comfy_block_lists(dm),
+            disk_folder=usable_disk_folder(s.disk_folder) if opts.offload_to == "disk" else default_disk_folder(),
+            disk_tag=f"{type(self.model).__name__}-{str(self.patches_uuid)[:8]}")
+        if handle.plan.below_minimum:
+            notes.append(f"budget {size_text(budget)} is below the minimum footprint: everything streams")
+        st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup)
+        st.notes += notes
+        st.counted_pinned = offload.page_locked_bytes(handle)
+        compat.count_pinned(st.counted_pinned)  # core's pin budget sees the ring's page-locked host memory
+        placement.install(self, st)
+        plan = handle.plan
+        _log.info("Group Offload: %s resident %.2f GiB, streamed %.2f GiB (%s), footprint %.2f GiB",
+                  type(self.model).__name__, plan.resident_bytes / 2**30, plan.streamed_bytes / 2**30,
+                  opts.offload_to, plan.footprint_bytes / 2**30)
+        self._mark_loaded(device_to, plan.footprint_bytes, plan.buffer_bytes)
+
+    def _finalize_weights(self, device_to) -> None:
+        """Weights final before streaming: LoRA patches computed on the load device (as
+        ModelPatcher.load does) and stored back on the offload device; ComfyUI's per-forward
+        weight functions moved to the load device."""
         if self.hook_patches:
             raise RuntimeError("Group Offload cannot stream weights that ComfyUI hooks change during sampling "
                                "(Create Hook LoRA / Set Model Hooks). Use LoraLoader before or after Group "
@@ -158,41 +181,34 @@ class GroupOffloadModelPatcher(placement.PlacementPatcher, comfy.model_patcher.M
                 if wrappers:
                     setattr(m, f"{kind}_function", list(getattr(m, f"{kind}_function", None) or []) + wrappers)
             comfy.model_patcher.move_weight_functions(m, device_to)
-        dm = self.model.diffusion_model
-        for child in self.model.children():
-            if child is not dm:
-                child.to(device_to)
+
+    def _run_options(self, device_to, s: GroupOffloadSettings, extra_memory):
+        """``(options, notes, budget bytes or None)`` for applying ``s`` on ``device_to``."""
         opts, notes = s.options, []
         if device_to.type == "cpu" and opts.use_stream:
             opts = dataclasses.replace(opts, use_stream=False, record_stream=False)
             notes.append("use_stream/record_stream ignored: computing on the CPU")
         opts = dataclasses.replace(opts, exclude_kwargs=("transformer_options",))
+        if compat.pinned_memory_disabled():
+            opts = dataclasses.replace(opts, page_lock=False)
+            if device_to.type == "cuda":
+                notes.append(PAGEABLE_NOTE)
         budget = s.vram_budget_bytes or None
         if budget is None and device_to.type != "cpu":
             budget = patcher_free_memory(self, device_to) - mm.minimum_inference_memory()
             budget = max(0, int(min(budget, extra_memory)))
-        handle = offload.apply_group_offload(
-            dm, device_to, store, options=opts, budget_bytes=budget,
-            block_lists=comfy_block_lists(dm),
-            disk_folder=usable_disk_folder(s.disk_folder) if opts.offload_to == "disk" else default_disk_folder(),
-            disk_tag=f"{type(self.model).__name__}-{str(self.patches_uuid)[:8]}")
-        if handle.plan.below_minimum:
-            notes.append(f"budget {budget / 2**30:.2f} GiB is below the minimum footprint: everything streams")
-        st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup)
-        st.notes += notes
-        placement.install(self, st)
-        plan = handle.plan
-        self.model.model_loaded_weight_memory = plan.footprint_bytes
-        self.model.model_offload_buffer_memory = plan.buffer_bytes
+        return opts, notes, budget
+
+    def _mark_loaded(self, device_to, footprint_bytes: int, buffer_bytes: int) -> None:
+        """ComfyUI's load bookkeeping for the applied offload, ON_LOAD callbacks, forced hooks."""
+        self.model.model_loaded_weight_memory = footprint_bytes
+        self.model.model_offload_buffer_memory = buffer_bytes
         self.model.model_lowvram = True  # partly on the device; ModelPatcher.unpatch_model then wipes weight functions
         self.model.lowvram_patch_counter = 0
         self.model.device = device_to
         self.model.current_weight_patches_uuid = self.patches_uuid
-        _log.info("Group Offload: %s resident %.2f GiB, streamed %.2f GiB (%s), footprint %.2f GiB",
-                  type(self.model).__name__, plan.resident_bytes / 2**30, plan.streamed_bytes / 2**30,
-                  opts.offload_to, plan.footprint_bytes / 2**30)
         for callback in self.get_all_callbacks(pe.CallbacksMP.ON_LOAD):
-            callback(self, device_to, plan.footprint_bytes, False, False)
+            callback(self, device_to, footprint_bytes, False, False)
         self.apply_hooks(self.forced_hooks, force_apply=True)
 
 
@@ -221,6 +237,7 @@ def _standard_clone(model):
 def _options_info(s: GroupOffloadSettings) -> dict:
     o = dataclasses.asdict(s.options)
     o.pop("exclude_kwargs", None)
+    o.pop("page_lock", None)  # not a node option: follows --disable-pinned-memory (the notes say so)
     return o
 
 
@@ -251,7 +268,7 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
     n.set_attachments(GROUP_OFFLOAD_KEY, settings)
     n.remove_wrappers_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY)
     n.add_wrapper_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY, _group_offload_outer_sample)
-    dm = n.model.diffusion_model
+    dm = own_module(n)  # the preview sizes this MODEL's modules, not another loaded clone's patches
     budget = _preview_budget(n, settings)
     opts = settings.options
     if torch.device(n.load_device).type == "cpu":
@@ -260,8 +277,10 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
     info = {"status": "planned (applied when sampling loads the model)", "options": _options_info(settings),
             "disk_folder": settings.disk_folder or default_disk_folder(), "plan": preview.as_dict(),
             "model_bytes": n.model_size()}
-    if is_dynamic(model):
-        info["notes"] = [OPTED_OUT_NOTE]
+    info["notes"] = [OPTED_OUT_NOTE] if is_dynamic(model) else []
+    if compat.pinned_memory_disabled() and torch.device(n.load_device).type == "cuda":
+        dataclasses.replace(opts, page_lock=False).validate()  # diffusers' stream path would pin: refused
+        info["notes"].append(PAGEABLE_NOTE)
     return n, info
 
 

@@ -25,9 +25,41 @@ from :class:`PlacementPatcher`, which calls the functions below):
 from __future__ import annotations
 
 import contextlib
+import logging
 import weakref
 
+from ..module_state import ModuleState
+from ..offload_plan import BlockLists, block_lists
+
+_log = logging.getLogger("MemoryKit")
 _ATTR = "_memorykit_placement"
+
+# Test hook (documented for the tests that make a placement fail; None in use): called with
+# "installed" right after a placement is recorded on the model (everything applied, the rest of
+# the load still to run) and with "undo" half-way through undoing one (see Placement.undo).
+# Whatever it raises is a failure at that point.
+fault_hook = None
+
+
+def fault_point(stage: str) -> None:
+    """Run :data:`fault_hook` for ``stage`` (nothing in use)."""
+    if fault_hook is not None:
+        fault_hook(stage)
+
+
+def comfy_block_lists(diffusion_model) -> BlockLists:
+    """The blocks of a ComfyUI diffusion model, for every placement (Group Offload streams them,
+    Balanced Device Map keeps each whole): :func:`memorykit.offload_plan.block_lists` (diffusers'
+    block_level rule), with the elements of a ``TimestepEmbedSequential`` (SD/SDXL UNets) as the
+    blocks, because ComfyUI's ``forward_timestep_embed`` calls those layers directly and never
+    the container's forward."""
+    from comfy.ldm.modules.diffusionmodules.openaimodel import TimestepEmbedSequential
+    return block_lists(diffusion_model, (TimestepEmbedSequential,))
+
+
+def comfy_block_names(diffusion_model) -> list[str]:
+    """Qualified names of the blocks of :func:`comfy_block_lists`, in module order."""
+    return [qn for _, items in comfy_block_lists(diffusion_model) for qn, _ in items]
 
 
 class Placement:
@@ -44,7 +76,11 @@ class Placement:
         self._finalizer = None
 
     def undo(self, base_model) -> None:
-        """Put ``base_model`` back as it was before the placement (weights, hooks, counters)."""
+        """Put ``base_model`` back as it was before the placement (weights, hooks, counters).
+
+        Must be resumable: when it raised half-way, calling it again finishes the job (each
+        step skips what is done); :func:`remove` relies on it. Calls :func:`fault_point`
+        ("undo") between its steps."""
         raise NotImplementedError
 
     def owner(self):
@@ -72,12 +108,15 @@ def _finalize(base_model, placement, owner_id) -> None:
 # The attachment each placement node sets on its MODEL clone → the node's name (the attachment
 # keys of offload_patcher.GROUP_OFFLOAD_KEY and device_map_patcher.DEVICE_MAP_ATTACHMENT).
 PLACED_BY = {"memorykit_group_offload": "Group Offload", "memorykit_device_map": "Balanced Device Map"}
+PLANNED_KEY = "memorykit_memory_plan"  # set by Memory Plan on the MODEL it placed with Group Offload's code
 
 
 def placed_by(patcher) -> str | None:
-    """The name of the placement node (Group Offload, Balanced Device Map) ``patcher``'s MODEL
-    comes through, or None: such a MODEL already has its weights' places decided."""
-    return next((name for key, name in PLACED_BY.items() if patcher.get_attachment(key) is not None), None)
+    """The name of the node (Group Offload, Balanced Device Map, or Memory Plan where it applied
+    Group Offload's code) ``patcher``'s MODEL comes through, as the user's graph shows it, or
+    None: such a MODEL already has its weights' places decided."""
+    name = next((name for key, name in PLACED_BY.items() if patcher.get_attachment(key) is not None), None)
+    return "Memory Plan" if name is not None and patcher.get_attachment(PLANNED_KEY) is not None else name
 
 
 def _take_ownership(patcher, p: Placement) -> None:
@@ -95,6 +134,7 @@ def install(patcher, p: Placement) -> None:
         raise RuntimeError("MemoryKit: a placement is already applied to this model; remove it first")
     patcher.model.__dict__[_ATTR] = p
     _take_ownership(patcher, p)
+    fault_point("installed")
 
 
 def remove(base_model) -> bool:
@@ -104,8 +144,29 @@ def remove(base_model) -> bool:
         return False
     if p._finalizer is not None:
         p._finalizer.detach()
-    p.undo(base_model)
+    _undo(base_model, p)
     return True
+
+
+def _undo(base_model, p: Placement) -> None:
+    """``p.undo`` carried to the end: when it raises half-way it runs once more (undo is
+    resumable), so an unload that fails still leaves the model as it was before the placement.
+    An interrupt is raised again after that; an error only when the second run fails too."""
+    try:
+        p.undo(base_model)
+        return
+    except BaseException as e:  # noqa: BLE001 - finished below, then raised again if it was an interrupt
+        first = e
+    _log.warning("MemoryKit: undoing the %s placement raised (%s: %s); finishing it", type(p).__name__,
+                 type(first).__name__, first)
+    try:
+        p.undo(base_model)
+    except BaseException as e:
+        raise RuntimeError(f"MemoryKit could not put this model back after a failure while removing its placement "
+                           f"({type(first).__name__}: {first}); reload the model (change the loader's file or "
+                           "restart ComfyUI) before the next run.") from e
+    if not isinstance(first, Exception):
+        raise first
 
 
 def reapply_object_patches(patcher) -> None:
@@ -228,13 +289,26 @@ class PlacementPatcher:
         return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
 
     def _place(self, device_to, plan, memory, force_patch_weights) -> None:
+        """Apply ``plan`` from ComfyUI's unloaded state. The one failure rule of every placement:
+        whatever raises while it is applied (the technique, core's load inside it, a callback, an
+        interrupt), the model ComfyUI holds is put back as it was — unloaded, every weight with its
+        own values on the offload device, no hook, file or placement left — and the error raised."""
         self.unpatch_model(self._placement_store(), unpatch_weights=True)
         self.patch_model(load_weights=False)
+        state = ModuleState(self.model)  # references only; dropped once the placement is applied
         try:
             self._apply_placement(device_to, plan, memory, force_patch_weights)
         except BaseException:
-            self.detach()
+            self._restore_after_failure(state)
             raise
+
+    def _restore_after_failure(self, state: ModuleState) -> None:
+        try:
+            remove(self.model)  # the technique's own undo when it got as far as installing (files, pinned memory)
+        except BaseException:  # noqa: BLE001 - the state below is put back whatever happened
+            _log.exception("MemoryKit: undoing a placement that failed to load raised")
+        state.restore()  # tensors, hooks and attributes the technique left
+        self.detach()    # ComfyUI's bookkeeping: weight patches (LoRA) and object patches undone, counters reset
 
     def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
         plan = self._placement_plan(device_to, force_patch_weights)
