@@ -54,15 +54,31 @@ def grid(comfy):
 def test_component_bytes_from_first_principles(grid):
     comps, _ = grid
     params = {"Mistral Small 3 24B": 22.9e9, "Flux2": 32.2e9, "WAN21": 14.29e9, "UMT5-XXL": 5.68e9}
-    for c in [c for w in comps.values() for c in w if c.role != "VAE"]:
-        f = c.figures
-        assert f.weight_bytes == pytest.approx(2 * params[f.label], rel=0.01), c.name  # bf16: 2 bytes/parameter
-        assert 0.5 <= f.fp8_bytes / f.weight_bytes <= 0.6, c.name  # fp8 halves what it casts
+    for w in ("flux2_dev", "wan22_14b"):
+        for c, c8 in zip(comps[w], comps[f"{w}_fp8"]):
+            if c.role == "VAE":
+                continue
+            f = c.figures
+            assert f.weight_bytes == pytest.approx(2 * params[f.label], rel=0.01), c.name  # bf16: 2 bytes/parameter
+            assert 0.5 <= f.fp8_bytes / f.weight_bytes <= 0.6, c.name  # fp8 halves what it casts
+            assert c8.figures.weight_bytes == f.fp8_bytes and c8.figures.fp8_bytes is None  # the fp8 file: no second cast
     flux_dm = comps["flux2_dev"][1].figures
     wan_dm = comps["wan22_14b"][1].figures
     for f in (flux_dm, wan_dm):  # bf16 streaming's least VRAM is above 8 GiB's usable 7.2 GiB
         assert f.other_bytes + 2 * max(f.block_bytes) + f.activation_min_bytes > 7.2 * G
         assert f.weight_bytes + f.fp8_added > 64 * G / 2  # fp8 in RAM: two of these, or one + its text encoder, > 64
+
+
+def test_fp8_files_fit_where_bf16_does_not(grid):
+    """Loaded from fp8 files, the ring and remainder are half as large and no bf16 copy stays in RAM:
+    the fp8 stream fits 8 GiB's 7.2 GiB usable (Flux 2 1.52 + 1.83 + 2.34 G: its remainder outside the blocks keeps bf16; Wan 0.00 + 0.65 + 5.90 G),
+    so every cell of the fp8 grids has a plan."""
+    from comfyui_memorykit.memorykit import memory_plan as mp
+    comps, plans = grid
+    for w in ("flux2_dev_fp8", "wan22_14b_fp8"):
+        f = comps[w][1].figures
+        assert f.fp8_bytes is None and f.other_bytes + 2 * max(f.block_bytes) + f.activation_min_bytes <= 7.2 * G
+        assert not [k for k, p in plans.items() if k[0] == w and isinstance(p, mp.PlanError)]
 
 
 def test_decisions_match_first_principles(grid):
@@ -187,3 +203,15 @@ def test_plan_error_names_the_component(comfy, fixture_models):
 def torch_equal(a, b) -> bool:
     import torch
     return torch.equal(a, b)
+
+
+def test_dynamic_vram_leaves_residency_to_core_for_every_model(comfy):
+    from comfyui_memorykit.memorykit import memory_plan as mp
+    from comfyui_memorykit.memorykit import memory_plan_workflow as wf
+    comps = [wf.Component("text encoder", "text encoder", mp.ModelFigures((G // 4,) * 8, G // 4, label="T5",
+                                                                           activation_bytes=0)),
+             wf.Component("diffusion model", "diffusion model", mp.ModelFigures((G // 2,) * 20, G // 2, label="DiT",
+                                                                                 activation_bytes=G))]
+    plan = wf.plan_workflow(mp.Machine(8 * G, 64 * G, 100 * G, dynamic_vram=True), comps)
+    assert {d.pick.residency for d in plan.decisions} == {"core dynamic VRAM"}
+    assert plan.reasons[0].startswith("ComfyUI's dynamic VRAM manages the models")

@@ -9,7 +9,7 @@ Every component is built from core's own classes on the meta device (no memory, 
   half the steps each) at 832×480, 81 frames (latent 16 × 21 × 60 × 104), UMT5-XXL
   (``comfy.text_encoders.wan.te``), the Wan 2.1 VAE (given: 0.24 GiB, ``wan_2.1_vae.safetensors``).
 
-All bf16 (the weights' published dtype), planned with given figures (PCIe 4.0, NVMe, 200 GiB of
+All bf16 (the weights' published dtype), and again loaded from fp8 files (``*_fp8``), planned with given figures (PCIe 4.0, NVMe, 200 GiB of
 disk). ``scripts/memory_plan_workflows.py`` writes the grid to
 ``benchmarks/results/memory_plan_workflows.md``; ``tests/test_memory_plan_workflow.py`` checks it.
 """
@@ -24,7 +24,7 @@ from . import comfy_env, meta_models
 VRAM_GB, RAM_GB, DISK_GB = (8, 12, 16, 24), (16, 32, 64), 200
 # Published file sizes of the VAEs (Comfy-Org's repackaged files), bytes.
 VAE_BYTES = {"flux2": 336_215_008, "wan": 253_815_318}
-WORKFLOWS = ("flux2_dev", "wan22_14b")
+WORKFLOWS = ("flux2_dev", "wan22_14b", "flux2_dev_fp8", "wan22_14b_fp8")
 SHORT = {"as loaded": "resident", "fp8 resident": "fp8 resident", "stream from RAM": "RAM stream",
          "fp8 + stream from RAM": "fp8 + RAM stream", "stream from disk": "disk stream",
          "core dynamic VRAM": "core", "fp8 + core dynamic VRAM": "fp8 + core"}
@@ -41,9 +41,24 @@ def _te_module(kind: str):
     return cls(device=torch.device("meta"), dtype=torch.bfloat16)
 
 
+def as_fp8_file(c):
+    """A component as loaded from an fp8 file (Comfy-Org's ``*_fp8_scaled`` / fp8mixed files): the
+    weights FP8 Layerwise Cast would make are what is loaded, so no further fp8 is offered."""
+    import dataclasses
+    f = c.figures
+    if f.fp8_block_bytes is None:
+        return c
+    return dataclasses.replace(c, figures=dataclasses.replace(
+        f, block_bytes=f.fp8_block_bytes, other_bytes=f.fp8_other_bytes, fp8_block_bytes=None, fp8_other_bytes=0,
+        fp8_copy_bytes=None, dtype="float8_e4m3fn"))
+
+
 def components(workflow: str) -> list:
     """The workflow's :class:`memorykit.memory_plan_workflow.Component` list (text encoder,
-    diffusion model(s), VAE), figures read from the meta-device modules."""
+    diffusion model(s), VAE), figures read from the meta-device modules; ``*_fp8``: the same
+    loaded from fp8 files (:func:`as_fp8_file`)."""
+    if workflow.endswith("_fp8"):
+        return [as_fp8_file(c) for c in components(workflow[:-len("_fp8")])]
     from comfyui_memorykit.memorykit import memory_plan as mp
     from comfyui_memorykit.memorykit import memory_plan_workflow as wf
     from comfyui_memorykit.memorykit.comfy_integration import memory_plan_io as io
@@ -97,6 +112,7 @@ def markdown(all_components: dict, plans: dict) -> str:
            "Components built from ComfyUI's own classes on the meta device, bf16; PCIe 4.0 (25 GB/s), "
            f"NVMe (3 GB/s), 110 TFLOP/s, {DISK_GB} GiB of disk; a prompt = 2 texts encoded + 20 steps."), ""]
     titles = {"flux2_dev": "Flux 2 [dev], 1024²", "wan22_14b": "Wan 2.2 14B t2v, two experts, 832×480, 81 frames"}
+    titles |= {f"{k}_fp8": f"{t}, fp8 files (text encoder and diffusion models loaded in fp8)" for k, t in titles.items()}
     for w in WORKFLOWS:
         out += [f"## {titles[w]}", "", "| component | weights | fp8 | blocks |", "|---|---|---|---|"]
         for c in all_components[w]:
