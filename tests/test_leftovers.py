@@ -150,3 +150,15 @@ def test_round3_item5_disk_speed_probe_leaves_no_file_when_killed(tmp_path, sig)
             proc.wait()
     assert os.listdir(tmp_path) == []
 
+
+def test_round3_item5_a_half_written_list_of_a_killed_process_is_removed(dirs):
+    """The list is rewritten through ``folders.txt.<pid>.tmp``; a kill between the write and the
+    rename left that file for ever. The sweep at start deletes it when that process is gone."""
+    state, parent = dirs
+    leftovers.remove_folder(leftovers.make_folder("memorykit-offload-T-", parent))  # the list exists
+    dead, live = state / f"{leftovers.LIST_NAME}.999999999.tmp", state / f"{leftovers.LIST_NAME}.{os.getppid()}.tmp"
+    dead.write_text("{}\n")
+    live.write_text("{}\n")
+    leftovers.remove_stale()
+    assert not dead.exists() and live.exists()  # another live process (pytest's parent) is writing it
+

@@ -16,17 +16,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import device_map as dmap
+from .. import device_map as dmap, weight_parts
 from ..device_dispatch import dispatch_device_map
 from . import compat, placement
 from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
-from .offload_patcher import GROUP_OFFLOAD_KEY
 from .fp8_patcher import plain_fp8_layers
 from .model_view import own_module
 
-DEVICE_MAP_ATTACHMENT = "memorykit_device_map"
+DEVICE_MAP_ATTACHMENT = placement.DEVICE_MAP_ATTACHMENT
 # ComfyUI passes transformer_options (patches, wrappers, callbacks) down every forward; its
 # content is not input data and must reach the blocks as it is (not copied, not moved).
 _DEVICE_MAP_SKIP_KEYS = ["transformer_options"]
@@ -50,15 +49,20 @@ class DeviceMapPlan:
 class _AppliedDeviceMap(placement.Placement):
     """The dispatched map (a :class:`placement.Placement`, keyed on plan, patch uuid, device)."""
 
-    def __init__(self, handle, plan: DeviceMapPlan, patches_uuid, device, offload_device):
+    memory_path = "MemoryKit device map"
+
+    def __init__(self, handle, plan: DeviceMapPlan, patches_uuid, device, offload_device, parts=None):
         super().__init__((plan, patches_uuid, device))
         self.handle = handle    # device_dispatch.DispatchedModel
+        self.parts = parts      # weight_parts.Decomposed: GGUF weights placed as their raw bytes
         self.plan = plan
         self.offload_device = offload_device
 
     def undo(self, base_model) -> None:
         """Hooks removed, every weight back where it was (``DispatchedModel.remove``), counters reset."""
         self.handle.remove()
+        if self.parts is not None:
+            self.parts.restore()
         placement.fault_point("undo")
         base_model.model_loaded_weight_memory = 0
         base_model.device = self.offload_device
@@ -104,11 +108,16 @@ class _DeviceMapPatcherMixin(placement.PlacementPatcher):
         # ComfyUI's own full load onto the offload device: applies weight patches (LoRA), no
         # lowvram casting, weights stay in RAM; accelerate then places them.
         self._core_load(self.offload_device, 0, force_patch_weights, True)
-        handle = dispatch_device_map(self.model.diffusion_model, plan.device_map, plan.offload_folder, plan.main_device,
-                                     skip_keys=_DEVICE_MAP_SKIP_KEYS, preload_module_classes=list(plan.block_classes),
-                                     is_oom=compat.is_oom)
+        parts = weight_parts.decompose(self.model.diffusion_model)  # GGUF: raw bytes placed, rebuilt at forward
+        try:
+            handle = dispatch_device_map(self.model.diffusion_model, plan.device_map, plan.offload_folder,
+                                         plan.main_device, skip_keys=_DEVICE_MAP_SKIP_KEYS,
+                                         preload_module_classes=list(plan.block_classes), is_oom=compat.is_oom)
+        except BaseException:
+            parts.restore()
+            raise
         placement.install(self, _AppliedDeviceMap(handle, plan, self.patches_uuid, _device(device_to),
-                                                  self.offload_device))
+                                                  self.offload_device, parts))
         on_load_device = dmap.bytes_per_device(self.model.diffusion_model, plan.device_map).get(
             dmap.device_name(_map_device_of(device_to)), 0)
         self.model.device = device_to
@@ -151,7 +160,7 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     """
     from ..report import build_report, format_report
 
-    if model.get_attachment(GROUP_OFFLOAD_KEY) is not None:
+    if model.get_attachment(placement.GROUP_OFFLOAD_KEY) is not None:
         node = placement.placed_by(model)  # Group Offload, or Memory Plan that applied it
         how = "" if node == "Group Offload" else " (its pick streams the weights from RAM or disk)"
         raise ValueError(f"Balanced Device Map: this MODEL comes through {node}{how}, and both nodes decide where "

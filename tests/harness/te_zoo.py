@@ -11,7 +11,8 @@ initialised (finite, std 0.02, deterministic per entry). One prompt is encoded t
 
 Public names:
 
-- ``ENCODERS``: entry names, fixed order; ``available(name) -> str | None`` (None: buildable here).
+- ``ENCODERS``: entry names, fixed order; ``available(name, tokenizer=True) -> str | None`` (None:
+  buildable here); ``SPECS[name].tiny``: why an entry is checked full-size only, or None.
 - ``build(name, full_size=False) -> comfy.sd.CLIP``: tiny (cpu) or full-size on the meta device.
 - ``encode(clip) -> dict``: ``{"cond": Tensor, "pooled_output": Tensor | None}`` for :data:`PROMPT`.
 """
@@ -33,10 +34,11 @@ _T5 = {"d_model": 32, "d_ff": 64, "d_kv": 16, "num_heads": 2, "num_layers": 2}
 @dataclasses.dataclass(frozen=True)
 class Spec:
     clip: Callable      # () -> the CLIP model class (core's, as load_text_encoder_state_dicts picks it)
-    tokenizer: str      # "module:Class" under comfy
+    tokenizer: str | Callable  # "module:Class" under comfy, or () -> the class
     configs: dict       # model_name -> tiny config override
     post_build: Callable | None = None  # (cond_stage_model) -> None: shrink fixed-size parts (tiny only)
     tokenizer_data: str | None = None   # "spiece" / "tekken": the tokenizer model a checkpoint carries
+    tiny: str | None = None  # why no tiny instance is built (the entry is checked full-size only), or None
 
 
 _TOKENIZER_DATA: dict[str, object] = {}
@@ -119,6 +121,24 @@ def _tiny_byt5(csm) -> None:
     enc.num_layers = enc.transformer.num_layers
 
 
+def _tiny_vision(csm) -> None:
+    """Qwen3.5's and Qwen3-VL's vision towers have fixed sizes (0.3-0.4 B): 2-block ones of
+    width 32, same classes."""
+    for m in list(csm.modules()):
+        tr = getattr(m, "transformer", None)
+        vis = getattr(tr, "visual", None)
+        if vis is None:
+            continue
+        mod = importlib.import_module(type(vis).__module__)
+        out = tr.model.config.hidden_size if hasattr(tr.model, "config") else 32
+        if hasattr(mod, "QWEN35_VISION_DEFAULTS"):
+            cfg = dict(mod.QWEN35_VISION_DEFAULTS)
+        else:
+            cfg = {**mod.QWEN3VL_VISION_COMMON, **mod.QWEN3VL_VISION[tr.model_type], "deepstack_visual_indexes": [0, 1]}
+        cfg.update(hidden_size=32, num_heads=2, intermediate_size=64, depth=2, out_hidden_size=out)
+        tr.visual = type(vis)(cfg, device="meta", dtype=torch.float32, ops=m.operations)
+
+
 SPECS: dict[str, Spec] = {
     "clip_l": Spec(lambda: _attr("sd1_clip:SD1ClipModel"), "sd1_clip:SD1Tokenizer", {"clip_l": _CLIP}),
     "sdxl_clip_l_g": Spec(lambda: _attr("sdxl_clip:SDXLClipModel"), "sdxl_clip:SDXLTokenizer",
@@ -148,25 +168,62 @@ SPECS: dict[str, Spec] = {
                            "text_encoders.hunyuan_image:HunyuanImageTokenizer",
                            {"qwen25_7b": dict(_LLAMA, num_hidden_layers=4),
                             }, _tiny_byt5),
+    # Text encoders of newer cores (0.33): skipped where the core lacks their classes.
+    "qwen3_8b_klein": Spec(_call("text_encoders.flux:klein_te", model_type="qwen3_8b"), "text_encoders.flux:KleinTokenizer8B",
+                           {"qwen3_8b": dict(_LLAMA, num_hidden_layers=28)},
+                           tiny="it taps layers 9/18/27 over 512 tokens (slow even tiny); Qwen3 runs tiny as qwen3_4b"),
+    "qwen3_2b_ovis": Spec(_call("text_encoders.ovis:te"), "text_encoders.ovis:OvisTokenizer",
+                          {"qwen3_2b": dict(_LLAMA, num_hidden_layers=2)}),
+    "qwen3_06b_anima": Spec(_call("text_encoders.anima:te"), "text_encoders.anima:AnimaTokenizer",
+                            {"qwen3_06b": dict(_LLAMA, num_hidden_layers=2)}),
+    "gemma3_12b_ltx": Spec(_call("text_encoders.lt:gemma3_te"), "text_encoders.lt:Gemma3_12BTokenizer", {},
+                           tokenizer_data="spiece",
+                           tiny="its vision tower and projector have fixed sizes (0.4 B); Gemma 3 runs tiny as gemma3_4b"),
+    "qwen35_2b": Spec(_call("text_encoders.qwen35:te", model_type="qwen35_2b"),
+                      lambda: _attr("text_encoders.qwen35:tokenizer")(model_type="qwen35_2b"),
+                      {"qwen35_2b": dict(_LLAMA, num_hidden_layers=4)}, _tiny_vision),
+    "qwen3vl_4b": Spec(_call("text_encoders.qwen3vl:te", model_type="qwen3vl_4b"),
+                       lambda: _attr("text_encoders.qwen3vl:tokenizer")(model_type="qwen3vl_4b"),
+                       {"qwen3vl_4b": dict(_LLAMA, num_hidden_layers=3)}, _tiny_vision),
+    "t5gemma": Spec(lambda: _attr("text_encoders.sa3:SAT5GemmaModel"), "text_encoders.sa3:SAT5GemmaTokenizer", {},
+                    tokenizer_data="spiece", tiny="its config class takes no overrides (0.28 B at any setting)"),
+    "jina_clip_2": Spec(lambda: _attr("text_encoders.jina_clip_2:JinaClip2TextModelWrapper"),
+                        "text_encoders.jina_clip_2:JinaClip2TokenizerWrapper",
+                        {"jina_clip_2": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
+                                         "num_hidden_layers": 2}}),
 }
 ENCODERS = tuple(SPECS)
 
 
-_AVAILABLE: dict[str, str | None] = {}
+_AVAILABLE: dict[tuple, str | None] = {}
+_TOKENIZERS: dict[str, object] = {}
 
 
-def available(name: str) -> str | None:
-    """None when this ComfyUI has the classes of ``name`` and its tokenizer can be made here
-    (some trees lack a tokenizer file, some cores read another Tekken format), else why not."""
-    if name not in _AVAILABLE:
+def _tokenizer(name: str):
+    """The tokenizer of entry ``name``, made once (loading a real tokenizer takes seconds; a CLIP
+    only reads it, and core's ``CLIP.clone`` shares it the same way)."""
+    if name not in _TOKENIZERS:
+        spec = SPECS[name]
+        cls = spec.tokenizer() if callable(spec.tokenizer) else _attr(spec.tokenizer)
+        _TOKENIZERS[name] = cls(tokenizer_data=tokenizer_data(spec.tokenizer_data))
+    return _TOKENIZERS[name]
+
+
+def available(name: str, tokenizer: bool = True) -> str | None:
+    """None when this ComfyUI has the classes of ``name`` and (``tokenizer``) its tokenizer can
+    be made here (some trees lack a tokenizer file, some tokenizers need another transformers
+    version or Tekken format), else why not. The full-size check needs no tokenizer."""
+    key = (name, tokenizer)
+    if key not in _AVAILABLE:
         spec = SPECS[name]
         try:
             spec.clip()
-            _attr(spec.tokenizer)(tokenizer_data=tokenizer_data(spec.tokenizer_data))
-            _AVAILABLE[name] = None
-        except (ImportError, AttributeError, TypeError, KeyError, FileNotFoundError) as e:
-            _AVAILABLE[name] = f"this ComfyUI cannot build the {name} text encoder here ({type(e).__name__}: {e})"
-    return _AVAILABLE[name]
+            if tokenizer:
+                _tokenizer(name)
+            _AVAILABLE[key] = None
+        except (ImportError, AttributeError, TypeError, KeyError, ValueError, OSError) as e:
+            _AVAILABLE[key] = f"this ComfyUI cannot build the {name} text encoder here ({type(e).__name__}: {e})"
+    return _AVAILABLE[key]
 
 
 def _init_(module: torch.nn.Module, seed: int) -> None:
@@ -188,8 +245,9 @@ def build(name: str, full_size: bool = False):
         for model_name, cfg in spec.configs.items():
             opts[f"{model_name}_model_config"] = dict(cfg)
     holder = type("ClipTarget", (), {})()  # core's ClipTarget: a plain holder of these three
-    holder.clip, holder.tokenizer, holder.params = spec.clip(), _attr(spec.tokenizer), {}
-    clip = comfy.sd.CLIP(holder, model_options=opts, tokenizer_data=tokenizer_data(spec.tokenizer_data))
+    holder.clip, holder.params = spec.clip(), {}
+    holder.tokenizer = lambda embedding_directory=None, tokenizer_data=None, **kw: None if full_size else _tokenizer(name)
+    clip = comfy.sd.CLIP(holder, model_options=opts)
     if full_size:
         return clip
     csm = clip.cond_stage_model
