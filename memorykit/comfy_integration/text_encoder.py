@@ -83,10 +83,11 @@ def _streamable_weights(patcher, node: str, options) -> None:
         from .. import weight_parts
     except ImportError:
         weight_parts = None
+    ring_streams = getattr(weight_parts, "is_quantized", None)  # the ring itself streams quantized weights
     for name, t in list(patcher.model.named_parameters()) + list(patcher.model.named_buffers()):
         if type(t.data) is torch.Tensor:
             continue
-        if weight_parts is not None and weight_parts.is_quantized(t):
+        if ring_streams is not None and ring_streams(t):
             if not options.event_ring:
                 raise ValueError(f"{node}: scheduler 'diffusers' streams plain tensors only and this text encoder "
                                  f"holds quantized weights ({name}); choose scheduler 'memorykit'.")
