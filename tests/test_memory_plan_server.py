@@ -41,7 +41,7 @@ def test_a_plan_that_cannot_fit_is_an_error_before_loading(server, fixture_model
     prompt = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "mk_wan21_tiny.safetensors", "weight_dtype": "default"}},
         "2": {"class_type": "MemoryKitMemoryPlan", "inputs": {
-            "model": ["1", 0], "plan_for": "given figures", "allow_fp8": True, "prefer": "speed", "vram_gb": 0.5,
+            "model": ["1", 0], "plan_for": "given figures", "allow_fp8": True, "prefer": "speed", "vram_gb": 2.0,
             "ram_gb": 1.0, "disk_gb": 0.0, "width": 16384, "height": 16384, "frames": 4096}},
         "3": {"class_type": "MemoryKitTestSaveTensor", "inputs": {"value": ["2", 0], "filename_prefix": "mp_never"}},
     }
