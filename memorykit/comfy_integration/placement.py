@@ -21,6 +21,11 @@ from :class:`PlacementPatcher`, which calls the functions below):
 - **readers**: a node that reads the shared weights while a placement may be applied (e.g. FP8
   Layerwise Cast) calls :func:`release` first; a node that has ComfyUI load the model to read
   it (Save Sharded: core's savers call ``load_models_gpu``) does so inside :func:`plain_load`.
+- **failure**: whatever raises while a placement is applied, the model is put back as it was
+  (:meth:`PlacementPatcher._place`, :class:`memorykit.module_state.ModuleState`); an undo that
+  raises half-way is finished (:func:`remove`). :data:`fault_hook` lets tests fail on purpose.
+- **blocks**: every placement sees the same blocks (:func:`comfy_block_lists`): Group Offload
+  streams them, Balanced Device Map never splits them.
 """
 from __future__ import annotations
 
@@ -295,8 +300,10 @@ class PlacementPatcher:
         return self.offload_device
 
     def _core_load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
-        """ComfyUI's own ``load`` of the patcher class below this mixin."""
-        return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
+        """ComfyUI's own ``load`` of the patcher class below this mixin (keywords: ComfyUI-GGUF's
+        ``load`` takes ``force_patch_weights`` as a keyword only)."""
+        return super().load(device_to, lowvram_model_memory=lowvram_model_memory,
+                            force_patch_weights=force_patch_weights, full_load=full_load)
 
     def _place(self, device_to, plan, memory, force_patch_weights) -> None:
         """Apply ``plan`` from ComfyUI's unloaded state. The one failure rule of every placement:
@@ -324,7 +331,8 @@ class PlacementPatcher:
         plan = self._placement_plan(device_to, force_patch_weights)
         if plan is None:
             remove(self.model)
-            return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
+            return super().load(device_to, lowvram_model_memory=lowvram_model_memory,
+                                force_patch_weights=force_patch_weights, full_load=full_load)
         with self.use_ejected(skip_and_inject_on_exit_only=True):
             self._place(device_to, plan, lowvram_model_memory or 1e32, force_patch_weights)
 
@@ -358,6 +366,12 @@ class PlacementPatcher:
         if same:
             mark_handover(self, other)
         return same
+
+    def clone(self, *args, **kwargs):
+        n = super().clone(*args, **kwargs)
+        if type(n) is not type(self) and isinstance(self, type(n)):
+            n.__class__ = type(self)  # ComfyUI-GGUF's clone makes every clone a plain GGUFModelPatcher
+        return n
 
     def detach(self, unpatch_all=True):
         # The owner's full detach: the placement undone (weights back where they were), then

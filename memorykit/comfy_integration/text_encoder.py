@@ -25,6 +25,7 @@ from .. import fp8, offload, offload_plan
 from . import compat, fp8_core, fp8_patcher, placement
 from .cleanup import default_disk_folder, usable_disk_folder
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
+from .model_view import own_module
 from .offload_patcher import (
     _STORE,
     GROUP_OFFLOAD_KEY,
@@ -73,14 +74,27 @@ def encoder_block_lists(encoder: torch.nn.Module) -> offload_plan.BlockLists:
     return lists
 
 
-def _plain_tensors_only(patcher, node: str) -> None:
-    """Refuse weights the event ring cannot stream yet (core's QuantizedTensor of an
-    fp8_scaled file, GGUF's GGMLTensor), naming the first one."""
+def _streamable_weights(patcher, node: str, options) -> None:
+    """Refuse weights the event ring cannot stream here, naming the first one: where this pack
+    has ``memorykit.weight_parts`` the ring streams the stored bytes of quantized weights
+    (core's QuantizedTensor of an fp8_scaled file) with the memorykit scheduler; otherwise
+    only plain tensors stream."""
+    try:
+        from .. import weight_parts
+    except ImportError:
+        weight_parts = None
+    ring_streams = getattr(weight_parts, "is_quantized", None)  # the ring itself streams quantized weights
     for name, t in list(patcher.model.named_parameters()) + list(patcher.model.named_buffers()):
-        if type(t.data) is not torch.Tensor:
-            raise ValueError(f"{node}: this text encoder holds {type(t.data).__name__} weights ({name}), which "
-                             "MemoryKit cannot stream yet. Load the text encoder unquantised (bf16/fp16 file), or "
-                             "use Text Encoder Device / FP8 Layerwise Cast (Text Encoder) without Group Offload.")
+        if type(t.data) is torch.Tensor:
+            continue
+        if ring_streams is not None and ring_streams(t):
+            if not options.event_ring:
+                raise ValueError(f"{node}: scheduler 'diffusers' streams plain tensors only and this text encoder "
+                                 f"holds quantized weights ({name}); choose scheduler 'memorykit'.")
+            continue
+        raise ValueError(f"{node}: this text encoder holds {type(t.data).__name__} weights ({name}), which "
+                         "MemoryKit cannot stream yet. Load the text encoder unquantised (bf16/fp16 file), or "
+                         "use Text Encoder Device / FP8 Layerwise Cast (Text Encoder) without Group Offload.")
 
 
 # -- Group Offload ---------------------------------------------------------------------------------
@@ -174,7 +188,7 @@ def text_encoder_group_offload(clip, settings: GroupOffloadSettings):
         raise ValueError(f"{node}: this CLIP is managed by {type(p).__name__} (from another custom node); load it "
                          "with a core loader (Load CLIP, DualCLIPLoader, Load Checkpoint).")
     fp8_patcher.plain_fp8_layers(p, node)
-    _plain_tensors_only(p, node)
+    _streamable_weights(p, node, settings.options)
     p.__class__ = TextEncoderOffloadModelPatcher  # keeps load_device (Text Encoder Device before this node)
     p.set_attachments(GROUP_OFFLOAD_KEY, settings)
     n.patcher = p
@@ -183,7 +197,8 @@ def text_encoder_group_offload(clip, settings: GroupOffloadSettings):
         opts = opts.__class__(**{**vars(opts), "use_stream": False, "record_stream": False})
     plans = {}
     for name, root in roots:
-        pl = offload_plan.plan_offload(root, opts, settings.vram_budget_bytes or None, encoder_block_lists(root))
+        view = own_module(p, name) if name else root  # with this CLIP's own object patches (FP8's float8 layers)
+        pl = offload_plan.plan_offload(view, opts, settings.vram_budget_bytes or None, encoder_block_lists(view))
         plans[name] = pl.as_dict()
     per_prompt = sum(pl["streamed_bytes"] for pl in plans.values())
     info.update(status="planned (applied when a prompt is encoded)", plan=plans, streamed_bytes_per_prompt=per_prompt,
