@@ -86,6 +86,8 @@ def _group_offload(info: dict) -> list[str]:
         out.append(f"{run.get('forwards', 0)} forwards in {fmt_seconds(run['seconds'])}")
     elif str(info.get("status", "")).startswith("planned"):
         out.append("planned")
+    if any(str(n).startswith("pinned memory disabled") for n in info.get("notes", [])):
+        out.append("pageable copies")
     return out
 
 

@@ -84,19 +84,18 @@ class DispatchedModel:
         """Remove every hook, put each parameter/buffer back on its original device with its
         exact values (offloaded ones are read back from RAM or the offload files), drop the
         ``forward`` attributes the hooks left and ``hf_device_map``, and delete the offload
-        folder. Safe to call twice."""
+        folder. Safe to call twice; when it raised half-way, calling it again finishes it."""
         if not self.active:
             return
-        try:
-            _restore(self.module, self.original_devices, self.own_forwards)
-            _own_memory(self.module, self.store)
-        finally:
-            self.active = False
-            if self.store is not None:
-                self.store.close()
-                self.store = None
-            if self.offload_dir:
-                leftovers.remove_folder(self.offload_dir)
+        # Raising half-way keeps the handle active with its store: calling again finishes the job.
+        _restore(self.module, self.original_devices, self.own_forwards)
+        _own_memory(self.module, self.store)
+        self.active = False
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if self.offload_dir:
+            leftovers.remove_folder(self.offload_dir)
 
     def __repr__(self) -> str:
         return (f"DispatchedModel({type(self.module).__name__}, main_device={device_name(self.main_device)}, "
@@ -182,9 +181,13 @@ def _pack_to_disk(folder: str, state_dict: dict) -> tuple[DiskStore, dict]:
     return store, views
 
 
+def _is_torch_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError)
+
+
 def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folder: str | None = None,
                         main_device: Device | None = None, skip_keys: list[str] | None = None,
-                        preload_module_classes: list[str] | None = None) -> DispatchedModel:
+                        preload_module_classes: list[str] | None = None, is_oom=None) -> DispatchedModel:
     """Place ``module`` according to ``device_map`` with ``accelerate.dispatch_model``.
 
     ``device_map``: a full map of ``module`` (see :func:`memorykit.device_map.validate_device_map`).
@@ -198,6 +201,8 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
     when the module's own forward starts, not per submodule: a block that reads a submodule's
     weight without calling that submodule (e.g. the q/k norms of NextDiT and Cosmos attention,
     read by core's fused RoPE kernels) then reads real values, not meta placeholders.
+    ``is_oom(exception)``: what counts as running out of memory (default: ``torch.OutOfMemoryError``;
+    a host application can widen it, e.g. to accelerator errors that mean the same).
 
     Hooks are attached even for a single-device map (``force_hooks``), so the root always
     moves its inputs to the main device and its outputs back to the input's device.
@@ -248,7 +253,7 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
                 store.close()
             if offload_dir:
                 leftovers.remove_folder(offload_dir)
-        if isinstance(e, torch.OutOfMemoryError):
+        if (is_oom or _is_torch_oom)(e):
             on = {device_name(d) for d in device_map.values() if d not in OFFLOAD_DEVICES}
             raise RuntimeError(f"out of memory while placing the device map on {', '.join(sorted(on))}: lower "
                                f"max_memory for those devices (or free memory) and run again. ({e})") from None

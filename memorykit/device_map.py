@@ -14,7 +14,8 @@ Terms (accelerate's big-modeling vocabulary):
 - *max_memory*: the budget per device in bytes that planning may fill.
 - *block*: a module that must never be split across devices (accelerate's
   ``no_split_module_classes``); here the repeated layers of a diffusion model (transformer
-  blocks, UNet blocks).
+  blocks, UNet layers), by the same rule Group Offload streams them
+  (:func:`memorykit.offload_plan.block_lists`).
 - *strategy*: ``balanced`` (same share per GPU), ``balanced_low_0`` (GPU 0 kept as light as
   possible), ``sequential`` (fill GPU 0, then GPU 1, ...), as diffusers' ``device_map``
   strings; the planning steps are those of diffusers' ``_determine_device_map`` (diffusers
@@ -31,7 +32,12 @@ import torch
 from accelerate.utils import (compute_module_sizes, convert_file_size_to_int, get_balanced_memory,
                               get_max_memory, infer_auto_device_map)
 
-from .offload_plan import block_parents
+from .offload_plan import block_lists
+from .units import size_text
+from .validation import bounded_text
+
+MAX_MEMORY_CHARS = 4096  # max_memory: a few entries, one per device
+MAX_CUSTOM_MAP_CHARS = 2**20  # custom_device_map: one entry per module of the largest models fits
 
 Device = Union[int, str]
 STRATEGIES = ("balanced", "balanced_low_0", "sequential")
@@ -39,7 +45,7 @@ OFFLOAD_DEVICES = ("cpu", "disk")
 GIB = float(1 << 30)
 MAX_BUDGET_BYTES = 1 << 60  # 1 EiB: no device has more; larger sizes are typos
 
-_GPU_RE = re.compile(r"^(?:cuda:)?(\d+)$")
+_GPU_PATTERN = r"^(?:cuda:)?(\d+)$"  # re's module-level functions cache the compiled pattern
 
 
 def parse_device(value) -> Device:
@@ -62,15 +68,16 @@ def parse_device(value) -> Device:
             return v
         if v == "cuda":
             return 0
-        m = _GPU_RE.match(v)
+        m = re.match(_GPU_PATTERN, v)
         if m:
             return int(m.group(1))
     raise ValueError(f"unknown device {value!r}: use cuda:N (e.g. cuda:0), cpu or disk")
 
 
 def format_bytes(n: float) -> str:
-    """``23.8 GiB`` / ``512 MiB``: GiB from 1 GiB up, else MiB (2**20 bytes), 3 significant digits."""
-    return f"{n / GIB:.3g} GiB" if n >= GIB else f"{n / (1 << 20):.3g} MiB"
+    """``23.8 GiB`` / ``512 MiB`` / ``12.0 KiB``: GiB from 1 GiB up (3 significant digits), else
+    :func:`memorykit.units.size_text`'s MiB, KiB or bytes."""
+    return f"{n / GIB:.3g} GiB" if n >= GIB else size_text(n)
 
 
 def device_name(device: Device) -> str:
@@ -107,7 +114,7 @@ def parse_max_memory(text: str) -> MaxMemory:
     in accelerate). Raises ValueError naming the bad entry: unknown device, malformed or
     infinite size, a size over 1 EiB, a device given twice, or no entry.
     """
-    text = (text or "").strip()
+    text = bounded_text(text, "max_memory", MAX_MEMORY_CHARS, "give one entry per device, e.g. cuda:0=20GiB, cpu=64GiB").strip()
     if text.lower() in ("", "auto"):
         return MaxMemory(None, True)
     budgets: dict = {}
@@ -146,42 +153,23 @@ def parse_max_memory(text: str) -> MaxMemory:
     return MaxMemory(ordered, allow_disk)
 
 
-def block_classes(module: torch.nn.Module, descend_into: Iterable[str] = ()) -> list[str]:
-    """Class names of the blocks of ``module``: the classes of the children of its direct
-    ``nn.ModuleList`` children (transformer blocks, UNet blocks), and of its wrappers'
-    (:func:`memorykit.offload_plan.block_parents`: Stable Audio's ``transformer.layers``), in
-    order of first appearance.
+def model_blocks(module: torch.nn.Module, containers: tuple = ()) -> list[str]:
+    """Qualified names of the blocks of ``module`` by the pack's one block rule
+    (:func:`memorykit.offload_plan.block_lists`, which Group Offload streams), in module order."""
+    return [qn for _, items in block_lists(module, containers) for qn, _ in items]
 
-    A class named in ``descend_into`` is replaced by the classes of its own children (for
-    containers whose forward is never called as a whole). Used as accelerate's
-    ``no_split_module_classes``.
-    """
-    descend = set(descend_into)
+
+def block_classes(module: torch.nn.Module, blocks: Iterable[str] | None = None) -> list[str]:
+    """accelerate's ``no_split_module_classes`` for ``module``: the class names of its blocks
+    (``blocks``: qualified names, default :func:`model_blocks`) that have submodules, in order of
+    first appearance (a block without submodules, e.g. a Linear element of a ``Sequential``, is
+    never split anyway)."""
+    mods = dict(module.named_modules())
     out: list[str] = []
-
-    def add(m: torch.nn.Module) -> None:
-        name = type(m).__name__
-        if name in descend or isinstance(m, torch.nn.ModuleList):  # a ModuleList never runs as a whole
-            for c in m.children():
-                add(c)
-        elif name not in out:
-            out.append(name)
-
-    for _, parent in block_parents(module):
-        for child in parent.children():
-            if isinstance(child, torch.nn.ModuleList):
-                for block in child:
-                    add(block)
-    return out
-
-
-def block_names(module: torch.nn.Module, classes: Iterable[str]) -> list[str]:
-    """Names of the outermost submodules of ``module`` whose class is in ``classes``."""
-    classes = set(classes)
-    out: list[str] = []
-    for name, m in module.named_modules():
-        if name and type(m).__name__ in classes and not any(name.startswith(b + ".") for b in out):
-            out.append(name)
+    for name in (model_blocks(module) if blocks is None else blocks):
+        m = mods[name]
+        if next(m.children(), None) is not None and type(m).__name__ not in out:
+            out.append(type(m).__name__)
     return out
 
 
@@ -191,7 +179,8 @@ def split_blocks(device_map: dict, blocks: Iterable[str]) -> list[str]:
 
 
 def plan_device_map(module: torch.nn.Module, max_memory: dict | None, strategy: str = "balanced",
-                    no_split_module_classes: Iterable[str] = (), allow_disk: bool = True) -> tuple[dict, dict]:
+                    no_split_module_classes: Iterable[str] = (), allow_disk: bool = True,
+                    blocks: Iterable[str] | None = None) -> tuple[dict, dict]:
     """Plan a device map for ``module`` with accelerate, as diffusers does for ``device_map=strategy``.
 
     ``max_memory``: bytes (or accelerate size strings) per device, GPU indices as ints; None
@@ -201,7 +190,8 @@ def plan_device_map(module: torch.nn.Module, max_memory: dict | None, strategy: 
     stored (``dtype=None``). Returns ``(device_map, budgets)``: the map (in module order) and the
     per-device budgets the map was fitted into (after balancing).
 
-    What lies outside every block (``no_split_module_classes``) stays on the main device
+    ``blocks``: the blocks' qualified names (default :func:`model_blocks`); what lies outside every
+    block stays on the main device
     (:func:`resident_remainder`): accelerate's map is recomputed with those bytes reserved there.
     The result is checked against ``max_memory`` (:func:`check_budgets`).
 
@@ -212,7 +202,7 @@ def plan_device_map(module: torch.nn.Module, max_memory: dict | None, strategy: 
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
     no_split = list(no_split_module_classes)
-    blocks = block_names(module, no_split)
+    blocks = model_blocks(module) if blocks is None else list(blocks)
     budgets = None if max_memory is None else dict(max_memory)
     if strategy == "sequential":
         budgets = get_max_memory(budgets)
@@ -230,7 +220,7 @@ def plan_device_map(module: torch.nn.Module, max_memory: dict | None, strategy: 
         reserve += moved
         planned[main] = max(0, budgets[main] - reserve)
     if not allow_disk and "disk" in device_map.values():
-        raise ValueError(_too_small_message(module, device_map, max_memory or budgets, no_split))
+        raise ValueError(_too_small_message(module, device_map, max_memory or budgets, blocks))
     if max_memory is not None:
         check_budgets(module, device_map, max_memory, blocks)
     return device_map, budgets
@@ -307,11 +297,10 @@ def check_budgets(module: torch.nn.Module, device_map: dict, max_memory: dict, b
                              f"{format_bytes(used).replace(' ', '')}.")
 
 
-def _too_small_message(module, device_map: dict, budgets: dict, no_split: list[str]) -> str:
+def _too_small_message(module, device_map: dict, budgets: dict, blocks: list[str]) -> str:
     sizes = compute_module_sizes(module)
     spilled = [k for k, d in device_map.items() if d == "disk"]
     spilled_bytes = sum(sizes[k] for k in spilled)
-    blocks = block_names(module, no_split)
     largest = max(blocks, key=lambda b: sizes[b], default=None)
     listed = ", ".join(f"{device_name(d)}={format_bytes(b).replace(' ', '')}" for d, b in budgets.items())
     msg = (f"max_memory ({listed}) is too small: {len(spilled)} module(s) ({format_bytes(spilled_bytes)}, "
@@ -328,6 +317,8 @@ def parse_custom_device_map(text: str) -> dict:
     """JSON text ``{"module name": "cuda:0" | 0 | "cpu" | "disk", ...}`` → dict with parsed devices
     (see :func:`parse_device`). Raises ValueError for invalid or too deeply nested JSON, a
     non-object, or a bad device."""
+    bounded_text(text, "custom_device_map", MAX_CUSTOM_MAP_CHARS,
+                 "map whole blocks (e.g. {\"double_blocks\": \"cuda:0\"}) instead of single layers")
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:

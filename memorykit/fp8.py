@@ -260,7 +260,11 @@ class Fp8Layer(torch.nn.Module):
     Built from an existing layer (the original is not changed; its bias tensor is shared).
     Inputs are cast to the compute dtype; the output stays in it. ``fp8_matmul``: Linear
     layers use :func:`fp8_linear` where :func:`fp8_matmul_supported` says it can run.
+    ``comfy_force_forward``: hosts whose fused shortcuts would read a layer's weight directly call
+    this forward instead (the weight is float8 and is scaled here).
     """
+
+    comfy_force_forward = True
 
     def __init__(self, layer: torch.nn.Module, q: torch.Tensor, scale: torch.Tensor | None,
                  compute_dtype: torch.dtype, fp8_matmul: bool = False):

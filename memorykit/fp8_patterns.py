@@ -9,6 +9,7 @@ most of these layers.
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -81,6 +82,13 @@ FAMILY_SKIPS: dict[str, tuple[tuple[str, str], ...]] = {
         (r"(^|\.)mod(C|X|CX|F)\.", "modulation"),
         (r"^final_linear$", "in/out projection"),
     ),
+    # Text encoders (a CLIP's encoders: CLIP-L/G, T5, UMT5, Llama, Qwen, Gemma, Mistral, ...): the
+    # token/position embeddings (COMMON_SKIPS; T5's ``shared``), norms and the final projection.
+    "text_encoder": (
+        (r"(^|\.)shared$", "embedding"),
+        (r"(^|\.)(ln_|layernorm|layer_norm)", "norm"),
+        (r"(text_projection|lm_head|(^|\.)proj_out$|(^|\.)final_proj)", "final projection"),
+    ),
     # Anything else: the usual names of input/output projections.
     "generic": (
         (r"^(img_in|txt_in|x_embedder|patch_embed|patch_embedding|proj_in|proj_out|conv_in|conv_out)(\.|$)",
@@ -106,7 +114,7 @@ FAMILY_SIGNATURES: tuple[tuple[str, frozenset[str]], ...] = (
 FAMILY_BLOCKS = {
     "unet": "", "flux": "double_blocks|single_blocks", "wan": "blocks", "mmdit": "joint_blocks",
     "qwen_image": "transformer_blocks", "ltxv": "transformer_blocks", "lumina": "layers|noise_refiner|context_refiner",
-    "auraflow": "double_layers|single_layers",
+    "auraflow": "double_layers|single_layers", "text_encoder": "layers|block",
     "generic": "blocks|layers|transformer_blocks|double_blocks|single_blocks|joint_blocks",
 }
 PRESETS = ("auto", "auto_keep_block_modulation", "auto_fp8_modulation", "none")
@@ -170,7 +178,8 @@ class LayerPlan:
 
 
 def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str, str]],
-                get_module: Callable[[str, torch.nn.Module], torch.nn.Module] | None = None) -> LayerPlan:
+                get_module: Callable[[str, torch.nn.Module], torch.nn.Module] | None = None,
+                check: Callable[[], None] | None = None) -> LayerPlan:
     """Split the Linear/Conv1d/2d/3d layers of ``module`` into cast and kept.
 
     A layer is kept when a pattern (``re.search`` semantics on its dotted name; a ``str`` is a
@@ -179,20 +188,23 @@ def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str
     is not float32/float16/bfloat16 (already quantised, e.g. core's fp8 weight dtype), or when
     it holds parameters/buffers other than ``weight``/``bias`` (e.g. core's scaled-fp8 ops).
     ``get_module(name, module)`` may map a module found in the tree to the one to inspect
-    (ComfyUI: the original behind an object patch).
+    (ComfyUI: the original behind an object patch). ``check()`` runs before each module (ComfyUI:
+    its interrupt check, so Cancel stops a long plan).
     """
     # A user's pattern (a plain string, from parse_patterns) is matched by the bounded-time
     # automaton; a preset's (a (pattern, reason) pair written in this module, some with
     # lookaheads the automaton refuses) by ``re``: fixed, reviewed patterns cannot backtrack badly.
-    compiled = [(validation.compile_pattern(p, "extra_skip_patterns"), p) if isinstance(p, str)
-                else (re.compile(p[0]), f"{p[0]} ({p[1]})") for p in skip_patterns]
+    compiled = [(validation.compile_pattern(p, "extra_skip_patterns").search, p) if isinstance(p, str)
+                else (functools.partial(re.search, p[0]), f"{p[0]} ({p[1]})") for p in skip_patterns]
     plan = LayerPlan()
     for name, m in module.named_modules():
+        if check is not None:
+            check()
         if get_module is not None:
             m = get_module(name, m)
         if not isinstance(m, CASTABLE_TYPES) or not name:
             continue
-        why = next((w for rx, w in compiled if rx.search(name)), None)
+        why = next((w for search, w in compiled if search(name)), None)
         if why is None:
             extra = [k for k in list(m._parameters) + list(m._buffers)
                      if k not in ("weight", "bias") and getattr(m, k, None) is not None]
@@ -220,13 +232,13 @@ def coverage(module: torch.nn.Module, plan: LayerPlan, family: str | None = None
     ``kept_layers`` (count) and ``family``."""
     family = family or detect_family(module)
     blocks = FAMILY_BLOCKS.get(family) or FAMILY_BLOCKS["generic"]
-    in_block = re.compile(rf"^(?:{blocks})\.")
+    in_block = rf"^(?:{blocks})\."
     size = {n: p.numel() * p.element_size() for n, p in module.named_parameters()}
     cast = {f"{name}.weight" for name in plan.cast}
     total = sum(size.values())
-    block = sum(b for n, b in size.items() if in_block.match(n))
+    block = sum(b for n, b in size.items() if re.match(in_block, n))
     cast_b = sum(size.get(n, 0) for n in cast)
-    block_cast = sum(size.get(n, 0) for n in cast if in_block.match(n))
+    block_cast = sum(size.get(n, 0) for n in cast if re.match(in_block, n))
     return {"family": family, "total_bytes": total, "cast_bytes": cast_b, "block_bytes": block,
             "block_cast_bytes": block_cast, "cast_share": cast_b / max(1, total),
             "block_cast_share": block_cast / max(1, block), "kept_layers": len(plan.kept)}

@@ -187,7 +187,8 @@ def remove_stale() -> list[str]:
     A folder is deleted only when its marker names the same pid and boot id as its list entry
     and that process no longer runs. Entries whose folder is gone, or whose marker is missing
     or different (the folder is not provably ours), leave the list; folders of live processes
-    stay listed and untouched.
+    stay listed and untouched. A temporary copy of the list left by a process killed while
+    rewriting it (``folders.txt.<pid>.tmp``, that pid gone) is deleted too.
     """
     removed = []
     with _locked_list() as lst:
@@ -206,6 +207,10 @@ def remove_stale() -> list[str]:
                 else:
                     keep.append(e)
         _write(lst, keep)
+        for tmp in lst.parent.glob(f"{LIST_NAME}.*.tmp"):  # a list half rewritten by a killed process
+            pid = tmp.name[len(LIST_NAME) + 1:-len(".tmp")]
+            if pid.isdigit() and not _alive({"pid": int(pid), "boot_id": boot_id()}):
+                tmp.unlink(missing_ok=True)
     return removed
 
 

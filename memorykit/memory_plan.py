@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from .memory_plan_choice import MEMORY_SLOWDOWN, MIN_STREAM_BLOCKS, STREAM_OVERHEAD, PlanError, choose  # noqa: F401
 from .offload_plan import RING_GROUPS, spread_order
+from .units import size_text
 
 GIB = float(1 << 30)
 # core's reserve for inference (comfy/model_management.py minimum_inference_memory(): 0.8 GiB
@@ -33,18 +35,9 @@ RING_BLOCKS = RING_GROUPS["block_level"]
 # Measured (H200, Flux-shaped 5.05 B, 1024²): resident bf16 0.069 s, fp8 resident 0.088 s for
 # 4.76 GiB of fp8 weights → the cast up costs 0.019 s per 4.76 GiB ≈ 270 GB/s of fp8 bytes.
 FP8_CAST_BYTES_PER_S = 270e9
-# Measured: block_level + stream ran 0.214 s against its floor max(0.069, 9.4 GiB / 55.4 GB/s =
-# 0.182 s), 1.18×; compute-bound (2048²) every offload path ran 1.11–1.14× resident. 1.15 ×
-# the floor is the estimate for a plan that streams.
-STREAM_OVERHEAD = 1.15
 # diffusers-mm's published rule when no activation estimate exists: weights × 1.5 ≤ free VRAM
 # → no offload, i.e. activations ≈ half the weights.
 DIFFUSERS_MM_FACTOR = 1.5
-# diffusers-mm streams only models with ≥ 8 repeated blocks (fewer: whole-model offload).
-MIN_STREAM_BLOCKS = 8
-# prefer=memory: the least VRAM among plans at most this much slower than the fastest (a choice
-# of this pack: a plan twice as slow is not what "memory" asks for).
-MEMORY_SLOWDOWN = 1.5
 # Defaults for plan_for = given figures (a machine we cannot measure):
 DEFAULT_H2D = 25e9       # PCIe 4.0 x16 pinned copies (31.5 GB/s raw; ~25 GB/s achieved, NVIDIA bandwidthTest)
 DEFAULT_DISK_READ = 3e9  # a PCIe 4.0 NVMe SSD's sequential read (3–7 GB/s published); SATA is 0.55 GB/s
@@ -52,10 +45,6 @@ DEFAULT_FLOPS = 110e12   # RTX 4090 165 TFLOP/s dense bf16 (NVIDIA Ada whitepape
                          # anchor reached (2·5.05e9·4608 FLOPs in 0.069 s = 674 of 989 TFLOP/s)
 TILE_CHOICES = (1024, 768, 512, 384, 256, 192, 128, 64)  # tile sides offered, px (core's default is 512)
 PREFERS = ("speed", "memory")
-
-
-class PlanError(ValueError):
-    """No candidate fits: the message names what is short (VRAM, RAM, disk) and by how much."""
 
 
 @dataclass(frozen=True)
@@ -215,8 +204,8 @@ class Plan:
 
 
 def gib_text(n: float) -> str:
-    """Bytes → "1.23 GiB" (the sentences' unit)."""
-    return f"{n / GIB:.2f} GiB"
+    """Bytes → "1.23 GiB", or MiB/KiB below 1 GiB (:func:`memorykit.units.size_text`)."""
+    return size_text(n)
 
 
 def fit_blocks(block_bytes: tuple[int, ...], other_bytes: int, budget: int | None) -> tuple[int, int, int]:
@@ -246,7 +235,10 @@ def _times(c: Candidate, m: Machine, model: ModelFigures, fp8_bytes: int, bandwi
 
 
 def _check(c: Candidate, m: Machine, vram_cap: int) -> Candidate:
-    if m.gpu and c.peak_vram_bytes > vram_cap:
+    if m.gpu and c.peak_vram_bytes > vram_cap and m.vram_bytes <= m.reserve_vram_bytes:
+        c.short.append(f"the VRAM given ({m.vram_bytes / GIB:.2f} GiB) is at or below core's {m.reserve_vram_bytes / GIB:.2f} "
+                       "GiB reserve, which ComfyUI keeps free whatever a model asks: nothing fits in VRAM")
+    elif m.gpu and c.peak_vram_bytes > vram_cap:
         c.short.append(f"VRAM short by {gib_text(c.peak_vram_bytes - vram_cap)}")
     if c.peak_ram_bytes > m.ram_bytes:
         c.short.append(f"RAM short by {gib_text(c.peak_ram_bytes - m.ram_bytes)}")
@@ -372,7 +364,6 @@ def make_plan(machine: Machine, model: ModelFigures, options: PlanOptions | None
     Raises ValueError for a bad option, :class:`PlanError` when nothing fits."""
     options = options or PlanOptions()
     options.validate()
-    from .memory_plan_choice import choose
     cands = candidates(machine, model, options)
     pick, reasons = choose(cands, machine, model, options)
     return Plan(machine, model, options, cands, pick, reasons)

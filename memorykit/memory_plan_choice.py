@@ -1,18 +1,29 @@
 """Memory Plan's pick among the predicted candidates (:mod:`memorykit.memory_plan`) and the
-sentences that explain it, each naming the figures that decided it. Plain Python."""
+sentences that explain it, each naming the figures that decided it, with the constants those
+sentences quote and :class:`PlanError` (``memorykit.memory_plan`` imports them from here, so
+imports run one way). Plain Python."""
 from __future__ import annotations
 
-from .memory_plan import (
-    MEMORY_SLOWDOWN,
-    MIN_STREAM_BLOCKS,
-    STREAM_OVERHEAD,
-    Candidate,
-    Machine,
-    ModelFigures,
-    PlanError,
-    PlanOptions,
-    gib_text,
-)
+from typing import TYPE_CHECKING
+
+from .units import size_text as gib_text
+
+if TYPE_CHECKING:  # annotations only: memory_plan imports this module
+    from .memory_plan import Candidate, Machine, ModelFigures, PlanOptions
+
+# Measured: block_level + stream ran 0.214 s against its floor max(0.069, 9.4 GiB / 55.4 GB/s =
+# 0.182 s), 1.18×; compute-bound (2048²) every offload path ran 1.11–1.14× resident. 1.15 ×
+# the floor is the estimate for a plan that streams.
+STREAM_OVERHEAD = 1.15
+# diffusers-mm streams only models with ≥ 8 repeated blocks (fewer: whole-model offload).
+MIN_STREAM_BLOCKS = 8
+# prefer=memory: the least VRAM among plans at most this much slower than the fastest (a choice
+# of this pack: a plan twice as slow is not what "memory" asks for).
+MEMORY_SLOWDOWN = 1.5
+
+
+class PlanError(ValueError):
+    """No candidate fits: the message names what is short (VRAM, RAM, disk) and by how much."""
 
 
 def choose(cands: list[Candidate], m: Machine, model: ModelFigures, opts: PlanOptions) -> tuple[Candidate, list[str]]:

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from . import leftovers
+from .units import size_text
 from .offload_plan import (BlockLists, GroupOffloadOptions, OffloadPlan, default_block_lists, group_tensors,
                            module_tensors, plan_offload, stream_groups)
 from .offload_stream import EventRing, cuda_ok
@@ -87,21 +88,22 @@ def check_disk_folder(folder: str | os.PathLike, need_bytes: int = 0, what: str 
     ``need_bytes`` + 256 MiB free. ``what`` names the folder in messages (a node's field name).
     """
     path = os.path.abspath(os.path.expanduser(str(folder)))
+    if os.path.islink(path) and not os.path.exists(path):
+        raise RuntimeError(f"{what} {path!r} is a symlink to {os.readlink(path)!r}, which does not exist: "
+                           "fix the link or choose another folder.")
     if not os.path.exists(path):
         raise RuntimeError(f"{what} {path!r} does not exist: create it or choose another folder.")
     if not os.path.isdir(path):
         raise RuntimeError(f"{what} {path!r} is not a folder: choose a folder.")
     try:
-        fd, probe = tempfile.mkstemp(prefix=".memorykit-probe-", dir=path)
-        os.close(fd)
-        os.unlink(probe)
+        tempfile.TemporaryFile(prefix=".memorykit-probe-", dir=path).close()  # no name (Linux) or unlinked at once
     except OSError as e:
         raise RuntimeError(f"{what} {path!r} is not writable ({e.strerror}): "
                            "choose a writable folder.") from None
     free = shutil.disk_usage(path).free
     if need_bytes and free < need_bytes + DISK_MARGIN_BYTES:
-        raise RuntimeError(f"{what} {path!r} has {free / 2**30:.2f} GiB free; the offloaded weights "
-                           f"need {need_bytes / 2**30:.2f} GiB (+0.25 GiB margin): free space or choose another folder.")
+        raise RuntimeError(f"{what} {path!r} has {size_text(free)} free; the offloaded weights "
+                           f"need {size_text(need_bytes)} (+256 MiB margin): free space or choose another folder.")
     return path
 
 
@@ -209,7 +211,7 @@ def apply_group_offload(module: nn.Module, onload_device: str | torch.device,
         if not streamed:  # everything fits the budget: no hooks, only the forward counter
             _install_counters(h, [])
             return h
-        if options.use_stream and not options.low_cpu_mem_usage and onload.type == "cuda":
+        if options.use_stream and not options.low_cpu_mem_usage and options.page_lock and onload.type == "cuda":
             _page_lock(h, streamed)
         block_level = options.offload_type == "block_level"
         kwargs = dict(onload_device=onload, offload_device=offload, offload_type=options.offload_type,
@@ -245,7 +247,7 @@ def _apply_event_ring(h: GroupOffloadHandle, lists: BlockLists) -> None:
     module.__dict__[_MARK] = weakref.ref(h)
     try:
         h.ring = EventRing(module, pairs, h.onload_device, plan.buffer_bytes, use_stream=options.use_stream,
-                           pin=not options.low_cpu_mem_usage, disk_folder=h.disk_dir)
+                           pin=not options.low_cpu_mem_usage, disk_folder=h.disk_dir, lock=options.page_lock)
     except OSError as e:
         raise RuntimeError(f"Writing the offloaded weights to {h.disk_dir!r} failed ({e.strerror or e}): free "
                            "space or choose another disk_folder.") from None
@@ -365,6 +367,15 @@ def remove_group_offload(h: GroupOffloadHandle) -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized() and hasattr(torch._C, "_host_emptyCache"):
         torch._C._host_emptyCache()  # give diffusers' pinned copies (if any) back to the OS
     h.removed = True
+
+
+def page_locked_bytes(h: GroupOffloadHandle) -> int:
+    """Host bytes this application page-locked itself (``cudaHostRegister``; 0 once removed)."""
+    if h.removed:
+        return 0
+    if h.ring is not None:
+        return h.ring.pinned_bytes
+    return sum(t.untyped_storage().nbytes() for _, t in h._locked)
 
 
 def offload_figures(h: GroupOffloadHandle) -> dict:

@@ -43,6 +43,10 @@ class GroupOffloadOptions:
     effect there) or ``"diffusers"`` (its hooks as they are). Disk offload always uses the event ring.
     ``ring_groups``: event ring size in largest groups (0 = :data:`RING_GROUPS`; 1 = no
     overlap of copy and compute, each group replaces the previous one).
+    ``page_lock``: page-lock the host copies on a GPU (False: the event ring copies from pageable
+    packed buffers; diffusers' stream path, which pins copies of its own, is refused).
+    ``keep_remainder``: leaf_level keeps the remainder resident as block_level does (text
+    encoders read their input embedding's device before calling it).
     """
 
     offload_type: str = "block_level"
@@ -54,6 +58,8 @@ class GroupOffloadOptions:
     exclude_kwargs: tuple[str, ...] = ()
     scheduler: str = "memorykit"
     ring_groups: int = 0
+    page_lock: bool = True
+    keep_remainder: bool = False
 
     def validate(self, onload_device: torch.device | None = None) -> None:
         """Raise ValueError naming the option to change when the combination is invalid."""
@@ -67,6 +73,10 @@ class GroupOffloadOptions:
             raise ValueError(f"ring_groups must be ≥ 0 (0 = default), got {self.ring_groups}")
         if self.num_blocks_per_group < 1:
             raise ValueError(f"num_blocks_per_group must be ≥ 1, got {self.num_blocks_per_group}")
+        if not self.page_lock and self.use_stream and not self.event_ring:
+            raise ValueError("pinned memory is disabled, and the diffusers scheduler's use_stream pins host copies "
+                             "of the weights: choose scheduler memorykit (it then copies from pageable memory) "
+                             "or turn use_stream off")
         if self.record_stream and not self.use_stream:
             raise ValueError("record_stream needs use_stream: turn use_stream on or record_stream off")
         if self.use_stream and onload_device is not None and torch.device(onload_device).type == "cpu":
@@ -151,6 +161,24 @@ def default_block_lists(module: nn.Module) -> BlockLists:
             if isinstance(child, (nn.ModuleList, nn.Sequential)) and len(child) > 0:
                 qn = f"{prefix}.{name}" if prefix else name
                 out.append((qn, _list_blocks(qn, child)))
+    return out
+
+
+def block_lists(module: nn.Module, containers: tuple = ()) -> BlockLists:
+    """The blocks of ``module`` — the one rule of the pack: Group Offload streams these blocks and
+    Balanced Device Map never splits them (:func:`memorykit.device_map.block_classes`).
+    :func:`default_block_lists`, with each element that is an instance of one of ``containers``
+    (a container whose forward the model never calls as a whole, e.g. ComfyUI's
+    ``TimestepEmbedSequential``) replaced by its elements."""
+    out = []
+    for name, items in default_block_lists(module):
+        flat = []
+        for qn, b in items:
+            if containers and isinstance(b, containers):
+                flat += [(f"{qn}.{j}", layer) for j, layer in enumerate(b)]
+            else:
+                flat.append((qn, b))
+        out.append((name, flat))
     return out
 
 
@@ -263,13 +291,14 @@ def plan_offload(module: nn.Module, options: GroupOffloadOptions, budget_bytes: 
 
     streamable = [(n, b) for n, b in blocks if sizes[n] > 0]
     resident: set[str] = set()
+    keep_remainder = options.offload_type == "block_level" or options.keep_remainder
     if budget_bytes is None:
-        plan.remainder_resident = options.offload_type == "block_level"
+        plan.remainder_resident = keep_remainder
     else:
         avail = budget_bytes - buffer - remainder_bytes
         if avail < 0:
             plan.below_minimum = True
-            plan.remainder_resident = options.offload_type == "block_level"
+            plan.remainder_resident = keep_remainder
         else:
             for i in spread_order(len(streamable)):
                 n = streamable[i][0]

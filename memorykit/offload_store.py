@@ -106,3 +106,26 @@ class DiskStore:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def disk_read_speed(folder: str | os.PathLike, nbytes: int, timed) -> float:
+    """Read speed of ``folder``'s disk in bytes/s: ``nbytes`` written to a file with no name
+    (as :class:`DiskStore`'s: a kill at any moment leaves nothing behind), synced, dropped from
+    the page cache (``posix_fadvise DONTNEED`` where it exists) and read back, timed by
+    ``timed(fn) -> seconds``. Raises OSError when the folder cannot take the file."""
+    with tempfile.TemporaryFile(dir=os.fspath(folder), prefix=".memorykit-plan-") as f:
+        chunk = os.urandom(1 << 20)
+        for _ in range(max(1, nbytes >> 20)):
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+        fd = f.fileno()
+        size = max(1, nbytes >> 20) << 20
+
+        def read():
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.lseek(fd, 0, os.SEEK_SET)
+            while os.read(fd, 8 << 20):
+                pass
+        return size / timed(read)

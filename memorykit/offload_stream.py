@@ -118,8 +118,8 @@ class EventRing:
     :func:`memorykit.offload_plan.group_tensors`). Each module gets a forward pre-hook
     (onload, prefetch) and a forward hook (done event); ``root`` gets hooks that trace the order. ``ring_bytes``: device bytes of the ring,
     at least the largest packed group. ``use_stream``: copy on a side CUDA stream ordered by
-    events (else on the compute stream). ``pin``: pack and page-lock the host copies (else
-    copy each tensor from where it lies, pageable). ``disk_folder``: pack the host copies into
+    events (else on the compute stream). ``pin``: pack the host copies into one buffer per
+    group, page-locked on a GPU where ``lock`` (else copy each tensor from where it lies, pageable). ``disk_folder``: pack the host copies into
     one :class:`memorykit.offload_store.DiskStore` in that folder instead of RAM (``pin`` is
     then ignored); a group's pages are dropped after each copy. The tensors must be plain CPU
     tensors. Raises ValueError for a ring smaller than a group or a tensor that is not a plain
@@ -128,7 +128,7 @@ class EventRing:
 
     def __init__(self, root: nn.Module, groups: list[tuple[list[nn.Module], list[torch.Tensor]]],
                  onload_device: torch.device, ring_bytes: int, *, use_stream: bool, pin: bool,
-                 disk_folder: str | None = None):
+                 disk_folder: str | None = None, lock: bool = True):
         self.root, self.device = root, torch.device(onload_device)
         self.store: DiskStore | None = None
         self.events = use_stream and self.device.type == "cuda"
@@ -163,7 +163,7 @@ class EventRing:
             if disk_folder is not None:
                 self._pack_to_disk(disk_folder)
             else:
-                self._pack(pin)
+                self._pack(pin, lock)
             self.ring = torch.empty(ring_bytes, dtype=torch.uint8, device=self.device)
             if self.events:
                 self.copy_stream = torch.cuda.Stream(self.device)
@@ -175,8 +175,8 @@ class EventRing:
             raise
 
     # set-up and removal ------------------------------------------------------------------
-    def _pack(self, pin: bool) -> None:
-        lock = pin and self.cuda and torch.cuda.is_available()
+    def _pack(self, pin: bool, lock: bool = True) -> None:
+        lock = lock and pin and self.cuda and torch.cuda.is_available()
         for g in self.groups:
             if not pin:
                 g.host = [t.data for t in g.tensors]

@@ -4,6 +4,9 @@ from __future__ import annotations
 import time
 
 from . import memory
+from .validation import bounded_text
+
+MAX_LABEL_CHARS = 1000
 
 
 def build_report(label: str, models: list[dict]) -> dict:
@@ -13,6 +16,7 @@ def build_report(label: str, models: list[dict]) -> dict:
     bytes; ``time`` is seconds since the epoch. Peak values are since the previous reset
     (see :func:`memory.reset_host_peak` / :func:`memory.reset_cuda_peak`).
     """
+    label = bounded_text(label, "label", MAX_LABEL_CHARS, "a short name is enough")
     snap = memory.snapshot()
     return {
         "label": label,

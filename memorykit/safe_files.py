@@ -25,6 +25,8 @@ import shutil
 import stat
 from pathlib import Path
 
+from .units import size_text
+
 SAVE_MARKER = ".memorykit-save.json"
 MARKER_WRITER = "ComfyUI-MemoryKit Save Sharded"
 PATH_MAX = 4096  # Linux; os.pathconf gives the folder's own limit where it exists
@@ -129,20 +131,28 @@ def check_destination(dest: str | os.PathLike, needed_bytes: int, field: str = "
     free = shutil.disk_usage(existing).free
     if needed_bytes and needed_bytes + FREE_MARGIN > free:
         raise OSError(errno.ENOSPC, f"not enough free space in {existing}: the save needs "
-                      f"{needed_bytes / 2**30:.2f} GiB (plus {FREE_MARGIN // 2**20} MiB margin), "
-                      f"{free / 2**30:.2f} GiB are free: free some space or save elsewhere")
+                      f"{size_text(needed_bytes)} (plus {FREE_MARGIN // 2**20} MiB margin), "
+                      f"{size_text(free)} are free: free some space or save elsewhere")
 
 
 def write_marker(folder: str | os.PathLike, files: list[str]) -> None:
     """Write the pack's marker into ``folder``: it lists ``files``, the entries of ``folder``
-    the pack wrote (the only ones a later overwrite may replace)."""
-    Path(folder, SAVE_MARKER).write_text(json.dumps({"writer": MARKER_WRITER, "files": sorted(files)}),
-                                         encoding="utf-8")
+    the pack wrote (the only ones a later overwrite may replace), each with its size and
+    modification time in nanoseconds as written (a rename keeps both), so that a later
+    overwrite can tell them from other files put there under the same names."""
+    stats = {}
+    for f in files:
+        st = os.stat(Path(folder, f), follow_symlinks=False)
+        stats[f] = [st.st_size, st.st_mtime_ns]
+    Path(folder, SAVE_MARKER).write_text(json.dumps({"writer": MARKER_WRITER, "files": sorted(files),
+                                                     "stat": stats}), encoding="utf-8")
 
 
-def read_marker(folder: str | os.PathLike) -> list[str] | None:
-    """The files the pack's marker in ``folder`` lists; None when ``folder`` has no valid marker
-    (a folder the pack did not write, or saved by a version before the marker existed)."""
+def read_marker(folder: str | os.PathLike) -> dict[str, tuple[int, int] | None] | None:
+    """The files the pack's marker in ``folder`` lists, each with the (size, mtime in ns) it had
+    when written (None for a marker of a pack version that recorded names only); None when
+    ``folder`` has no valid marker (a folder the pack did not write, or saved by a version
+    before the marker existed)."""
     try:
         data = json.loads(read_regular(Path(folder, SAVE_MARKER), "save marker", 2**20).decode("utf-8"))
     except (ValueError, OSError):
@@ -151,4 +161,25 @@ def read_marker(folder: str | os.PathLike) -> list[str] | None:
     if not isinstance(files, list) or not all(isinstance(f, str) and f and "/" not in f and "\\" not in f
                                               and f not in (".", "..") for f in files):
         return None
-    return files
+    stats = data.get("stat") if isinstance(data.get("stat"), dict) else {}
+    out: dict[str, tuple[int, int] | None] = {}
+    for f in files:
+        s = stats.get(f)
+        ok = isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in s)
+        out[f] = (s[0], s[1]) if ok else None
+    return out
+
+
+def changed_since_marker(folder: str | os.PathLike, recorded: dict[str, tuple[int, int] | None]) -> list[str]:
+    """The files of ``recorded`` (from :func:`read_marker`) present in ``folder`` that are not
+    the ones the pack wrote: a symlink or not a regular file, no recorded size and time, or a
+    size or modification time other than recorded (replaced, rewritten or copied there)."""
+    out = []
+    for name, rec in recorded.items():
+        try:
+            st = os.stat(Path(folder, name), follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or rec is None or (st.st_size, st.st_mtime_ns) != tuple(rec):
+            out.append(name)
+    return out

@@ -32,6 +32,7 @@ import torch
 
 from . import leftovers, safe_files
 from .sharded import Progress
+from .units import size_text
 from .validation import NAME_MAX
 
 # Same units as huggingface_hub.serialization._base.SIZE_UNITS (decimal, as HF writes them).
@@ -49,6 +50,9 @@ def parse_size(size: str | int) -> int:
         value = size
     else:
         text = str(size).strip()
+        if len(text) > 64:
+            raise ValueError(f"max_shard_size is {len(text):,} characters long; at most 64 are read: give a size "
+                             "such as '5GB'")
         unit = text[-2:].upper()
         if unit not in SIZE_UNITS:
             raise ValueError(f"max_shard_size {size!r}: unit must be one of TB, GB, MB, KB (e.g. '5GB')")
@@ -90,6 +94,14 @@ def previous_save(folder: str | os.PathLike, filename_pattern: str = DEFAULT_PAT
             "deletes other files: choose another name, or move those files away. (A folder saved by an earlier "
             "MemoryKit version, before the marker existed, has none either: delete or move it yourself, then save "
             "again.)")
+    changed = safe_files.changed_since_marker(folder, files)
+    if changed:
+        listed = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+        raise FileExistsError(
+            f"{folder}: {listed} {'is' if len(changed) == 1 else 'are'} not the file{'s'[:len(changed) > 1]} Save "
+            f"Sharded wrote there (size or modification time differs from its {safe_files.SAVE_MARKER} marker: "
+            "replaced, rewritten or copied since); overwrite never replaces a file the pack did not write: choose "
+            "another name, or move those files away.")
     present = [n for n in files if (folder / n).is_file() and not (folder / n).is_symlink()]
     present.sort(key=lambda n: not n.endswith(".index.json"))  # indexes first: never an index naming missing shards
     return present + [safe_files.SAVE_MARKER]
@@ -221,7 +233,7 @@ def _write(folder: Path, fname: str, write, *args, **kwargs) -> None:
         write(*args, **kwargs)
     except (OSError, SafetensorError) as e:
         free = shutil.disk_usage(folder.parent).free if folder.parent.exists() else 0
-        msg = (f"could not write {fname} for {folder}: {e} ({free / 2**30:.2f} GiB free on that disk; nothing was "
+        msg = (f"could not write {fname} for {folder}: {e} ({size_text(free)} free on that disk; nothing was "
                "kept): free some space or save elsewhere")
         errno_ = getattr(e, "errno", None)
         raise (OSError(errno_, msg) if errno_ else OSError(msg)) from e

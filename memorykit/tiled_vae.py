@@ -59,6 +59,12 @@ def amaps_for(vae: VAEShape, direction: str) -> list[AxisMap]:
     return maps
 
 
+# The smallest spatial tile, in latent units: a one-unit tile has no neighbour, and a decoder with
+# reflect padding (LTX-Video's, the default of core's) cannot run on it ("Padding size should be
+# less than the corresponding input dimension"). tile_size's floor is this × the compression.
+MIN_TILE_UNITS = 2
+
+
 def check_tile_args(tile_px: int, overlap_px: int, temporal_size: int = 1, temporal_overlap: int = 0) -> None:
     """Raise ValueError (saying what to change) for tile ≤ 0, overlap < 0 or overlap ≥ tile."""
     if tile_px <= 0:
@@ -82,14 +88,18 @@ def make_plan(vae: VAEShape, direction: str, in_dims: tuple[int, ...], tile_px: 
     Spatial tile and overlap are ``tile_px // spatial_factor`` and ``overlap_px // spatial_factor``
     latent units. Time (video): not cut when ``vae.time_cache``; else temporal tiles of
     ``temporal_size`` frames overlapping by ``temporal_overlap`` frames (in latent frames).
-    Raises ValueError for bad sizes (see :func:`check_tile_args`), a tile smaller than one
-    latent unit, or an input smaller than one latent unit.
+    Raises ValueError for bad sizes (see :func:`check_tile_args`), a tile smaller than
+    :data:`MIN_TILE_UNITS` latent units (naming the floor of ``tile_size``), or an input smaller
+    than one latent unit.
     """
     check_tile_args(tile_px, overlap_px, temporal_size, temporal_overlap)
     s = vae.spatial_factor
     tile, overlap = tile_px // s, overlap_px // s
-    if tile < 1:
-        raise ValueError(f"tile_size ({tile_px} px) is smaller than the VAE's compression ({s} px)")
+    if tile < MIN_TILE_UNITS:
+        floor = MIN_TILE_UNITS * s
+        raise ValueError(f"tile_size ({tile_px} px) is below the smallest tile this VAE can {direction}: {floor} px "
+                         f"({MIN_TILE_UNITS} latent px at its {s}x compression; a tile of one latent px has no "
+                         f"neighbour for the convolutions' padding): give tile_size {floor} or more")
     if overlap >= tile:
         raise ValueError(f"overlap ({overlap_px} px = {overlap} latent px) must be smaller than tile_size "
                          f"({tile_px} px = {tile} latent px)")

@@ -32,6 +32,8 @@ except ImportError:  # Python 3.10
 NAME_MAX = 255  # bytes of one path component on Linux, macOS and Windows file systems
 MAX_PATTERN_CHARS = 1000
 MAX_STATES = 5000  # automaton states of one pattern (bounded repeats are expanded)
+MAX_PATTERNS = 200  # distinct patterns of one field (each is matched against every module name)
+MAX_PATTERNS_CHARS = 64 * 1024  # characters of a whole patterns field
 _WINDOWS_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
 _WINDOWS_BAD = set('<>:"|?*')
 
@@ -139,10 +141,30 @@ def split_patterns(text: str) -> list[str]:
     return [p for p in out if p]
 
 
+def bounded_text(text, field: str, max_chars: int, hint: str = "shorten it") -> str:
+    """``text`` checked to be a string of at most ``max_chars`` characters (a text field that
+    becomes work: ComfyUI bounds no string input, and a megabyte field held the prompt worker
+    for minutes). Raises ValueError naming ``field``, its length and the limit."""
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        raise ValueError(f"{field} is {type(text).__name__}, not text: give text")
+    if len(text) > max_chars:
+        raise ValueError(f"{field} is {len(text):,} characters long; at most {max_chars:,} are read: {hint}")
+    return text
+
+
 def parse_patterns(text: str, field: str = "extra_skip_patterns") -> list[str]:
-    """The patterns of ``text`` (see :func:`split_patterns`), each checked by
-    :func:`compile_pattern`. Raises ValueError naming ``field`` and the first bad pattern."""
-    pats = split_patterns(text)
+    """The distinct patterns of ``text`` (see :func:`split_patterns`; a repeated pattern is
+    kept once, in first-seen order), each checked by :func:`compile_pattern`. Raises ValueError
+    naming ``field``: more than MAX_PATTERNS_CHARS characters, more than MAX_PATTERNS distinct
+    patterns, or the first bad pattern."""
+    text = bounded_text(text, field, MAX_PATTERNS_CHARS, "shorten it (one pattern can match many layers, "
+                        "e.g. a regex over the block numbers)")
+    pats = list(dict.fromkeys(split_patterns(text)))
+    if len(pats) > MAX_PATTERNS:
+        raise ValueError(f"{field} holds {len(pats):,} distinct patterns; at most {MAX_PATTERNS} are accepted (each is "
+                         "matched against every layer name): merge them, e.g. blocks\\.(0|1|2)\\. for three blocks")
     for p in pats:
         compile_pattern(p, field)
     return pats

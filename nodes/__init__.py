@@ -8,6 +8,7 @@ from .group_offload import GroupOffload, GroupOffloadLoader
 from .memory_plan import MemoryPlan
 from .report import MemoryReport
 from .sharded import SaveSharded, ShardedCheckpointLoader, ShardedTextEncoderLoader
+from .text_encoder import TextEncoderDevice, TextEncoderFp8, TextEncoderGroupOffload
 from .tiled_vae import TiledVAEDecode, TiledVAEEncode
 
 CATEGORY = "MemoryKit"
@@ -18,4 +19,5 @@ class MemoryKitExtension(ComfyExtension):
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         return [MemoryPlan, MemoryReport, FreeMemory, ShardedCheckpointLoader, ShardedTextEncoderLoader, SaveSharded,
-                Fp8LayerwiseCast, GroupOffload, GroupOffloadLoader, BalancedDeviceMap, TiledVAEDecode, TiledVAEEncode]
+                Fp8LayerwiseCast, GroupOffload, GroupOffloadLoader, BalancedDeviceMap, TiledVAEDecode, TiledVAEEncode,
+                TextEncoderGroupOffload, TextEncoderFp8, TextEncoderDevice]

@@ -54,7 +54,7 @@ def wan21_t2v() -> dict:
     """Wan 2.1 text-to-video, 9 frames at 128×128, 4 steps, Memory Reports, animated WEBP."""
     return {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": WAN21_UNET, "weight_dtype": "default"}},
-        "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "type": "wan"}},
+        "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "type": "wan", "device": "default"}},
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a red fox running through snow", "clip": ["2", 0]}},
         "4": {"class_type": "CLIPTextEncode", "inputs": {"text": NEG, "clip": ["2", 0]}},
         "5": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 128, "height": 128, "length": 9, "batch_size": 1}},
@@ -196,7 +196,7 @@ def wan22_two_experts() -> dict:
                                                     "weight_dtype": "default"}},
         "3": _group_offload_disk(["1", 0]),
         "4": _group_offload_disk(["2", 0]),
-        "5": {"class_type": "CLIPLoader", "inputs": {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "type": "wan"}},
+        "5": {"class_type": "CLIPLoader", "inputs": {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "type": "wan", "device": "default"}},
         "6": {"class_type": "CLIPTextEncode", "inputs": {"text": "a red fox running through snow", "clip": ["5", 0]}},
         "7": {"class_type": "CLIPTextEncode", "inputs": {"text": NEG, "clip": ["5", 0]}},
         "8": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 128, "height": 128, "length": 9, "batch_size": 1}},
@@ -238,13 +238,18 @@ def memory_plan_sd15() -> dict:
 
 
 def memory_plan_wan22() -> dict:
-    """Wan 2.2's two 14B experts, each through Memory Plan for a machine with 16 GB VRAM and 32 GB RAM
-    (given figures): 32 GB holds the 6.7 GB text encoder and not both 14 GB experts, so each plan
-    gets 12 GiB of RAM and streams its expert from disk; the VAE decodes in the planned tiles."""
+    """Wan 2.2's whole workflow through one Memory Plan for a machine with 16 GB VRAM and 32 GB RAM
+    (given figures): the text encoder (clip), the high-noise expert (model), the low-noise expert
+    (model_2) and the VAE planned together; each sampler, the text encoders and VAE Decode take
+    their component from the plan's outputs."""
     p = wan22_two_experts()
-    p["3"] = _memory_plan(["1", 0], None, ["8", 0], "given figures", 16.0, 12.0, 832, 480, 81)
-    p["4"] = _memory_plan(["2", 0], ["12", 0], ["8", 0], "given figures", 16.0, 12.0, 832, 480, 81)
-    p["13"]["inputs"]["vae"] = ["4", 1]
+    p["3"] = _memory_plan(["1", 0], ["12", 0], ["8", 0], "given figures", 16.0, 32.0, 832, 480, 81)
+    p["3"]["inputs"].update({"clip": ["5", 0], "model_2": ["2", 0]})
+    del p["4"]
+    p["6"]["inputs"]["clip"] = ["3", 2]
+    p["7"]["inputs"]["clip"] = ["3", 2]
+    p["10"]["inputs"]["model"] = ["3", 3]
+    p["13"]["inputs"]["vae"] = ["3", 1]
     p["14"]["inputs"]["filename_prefix"] = "MemoryKit/memory_plan_wan22"
     return p
 

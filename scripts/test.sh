@@ -12,7 +12,6 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 CACHE="${MEMORYKIT_CACHE:-$ROOT/.cache}"
 REPORTS="$(mktemp -d)"
-trap 'rm -rf "$REPORTS"' EXIT
 
 # Chromium + chromedriver for the browser tests, where this user may install them (root or sudo).
 if [ "$(id -u)" = "0" ] || sudo -n true 2>/dev/null; then
@@ -21,12 +20,21 @@ else
   echo "[test] not root and no sudo: Chromium is not installed; the browser tests skip unless it is already there" >&2
 fi
 
-summary=()
-status=0
+# Both cores busy: the suite runs in two lanes at once, each its own processes and ComfyUI tree,
+# sharing only the generated fixtures (made once, before the lanes start):
+#   lane 1: ComfyUI 0.3.75, then the browser tests on frontend $FRONTEND_NEW (ComfyUI 0.33.0)
+#   lane 2: ComfyUI 0.33.0
+# Each lane's output goes to a log printed whole when the lane ends (no interleaved lines).
+# MEMORYKIT_SERIAL=1 runs the same steps one after another in the foreground.
 # Kept to CI's time budget without losing a check: on the frontend each ComfyUI tree ships, the
 # badge check runs on the fewest example workflows that hold every MemoryKit node type
 # (MEMORYKIT_FRONTEND_EXAMPLES=cover; every example still runs end to end in test_memory_report.py, and in the browser on the newest
-# frontend below), and the benchmark/GPU-runbook tools (not the pack) are checked on 0.33.0 only.
+# frontend below); the benchmark/GPU-runbook tools (not the pack) and the checks marked
+# core_independent (no ComfyUI code runs in them) are checked on 0.33.0 only.
+LANES="$(mktemp -d)"
+trap 'rm -rf "$REPORTS" "$LANES"' EXIT
+status=0
+
 run_suite() {  # name venv comfy_dir [pytest args]
   local name="$1" venv="$2" comfy="$3" start end rc
   echo "[test] ===== ComfyUI $name: $comfy ====="
@@ -35,8 +43,8 @@ run_suite() {  # name venv comfy_dir [pytest args]
     --junitxml="$REPORTS/$name.xml" "${@:4}"
   rc=$?
   end=$(date +%s)
-  summary+=("ComfyUI $name: exit $rc in $((end - start)) s")
-  [ "$rc" = 0 ] || status=1
+  echo "ComfyUI $name: exit $rc in $((end - start)) s" >> "$LANES/summary"
+  [ "$rc" = 0 ] || echo 1 > "$LANES/failed"
 }
 
 FRONTEND_NEW=1.58.1
@@ -54,10 +62,11 @@ fetch_frontend() {  # version venv → prints the static/ folder of that comfyui
 run_new_frontend() {  # venv comfy_dir [pytest args]: tests/test_frontend.py on $FRONTEND_NEW
   local venv="$1" comfy="$2" root start rc
   if ! root=$(fetch_frontend "$FRONTEND_NEW" "$venv"); then
-    summary+=("frontend $FRONTEND_NEW: could not fetch comfyui-frontend-package==$FRONTEND_NEW from PyPI")
-    [ "${REQUIRE_BROWSER:-0}" = 1 ] && status=1
+    echo "frontend $FRONTEND_NEW: could not fetch comfyui-frontend-package==$FRONTEND_NEW from PyPI" >> "$LANES/summary"
+    [ "${REQUIRE_BROWSER:-0}" = 1 ] && echo 1 > "$LANES/failed"
     return
   fi
+  echo "[test] ===== ComfyUI 0.33.0 + frontend $FRONTEND_NEW ====="
   start=$(date +%s)
   # MEMORYKIT_VUE_NODES=1: every badge check runs in Nodes 2.0, then on the classic canvas of the
   # same page (the renderer switched through the frontend's setting; one run of each workflow)
@@ -66,25 +75,54 @@ run_new_frontend() {  # venv comfy_dir [pytest args]: tests/test_frontend.py on 
     --junitxml="$REPORTS/frontend-$FRONTEND_NEW.xml" "${@:3}"
   rc=$?
   [ "$rc" = 5 ] && rc=0  # the extra arguments selected none of them
-  summary+=("ComfyUI 0.33.0 + frontend $FRONTEND_NEW (Nodes 2.0 and classic): exit $rc in $(( $(date +%s) - start )) s")
-  [ "$rc" = 0 ] || status=1
+  echo "ComfyUI 0.33.0 + frontend $FRONTEND_NEW (Nodes 2.0 and classic): exit $rc in $(( $(date +%s) - start )) s" >> "$LANES/summary"
+  [ "$rc" = 0 ] || echo 1 > "$LANES/failed"
 }
 
+V375="${MEMORYKIT_VENV:-$ROOT/.venv}"; C375="${COMFYUI_PATH:-$CACHE/comfyui-0.3.75}"
+V033="${MEMORYKIT_VENV_033:-$ROOT/.venv-0.33}"; C033="${COMFYUI_033_PATH:-$CACHE/comfyui-0.33.0}"
 bash scripts/setup.sh 0.3.75 || exit 1
-run_suite "0.3.75" "${MEMORYKIT_VENV:-$ROOT/.venv}" "${COMFYUI_PATH:-$CACHE/comfyui-0.3.75}" \
-  --deselect test_benchmark_quick.py::test_quick_benchmark_json --deselect test_gpu_runbook_dryrun.py "$@"  # node ids (rootdir tests/)
-
 bash scripts/setup.sh 0.33
-rc=$?
-if [ "$rc" = 0 ]; then
-  run_suite "0.33.0" "${MEMORYKIT_VENV_033:-$ROOT/.venv-0.33}" "${COMFYUI_033_PATH:-$CACHE/comfyui-0.33.0}" "$@"
-  run_new_frontend "${MEMORYKIT_VENV_033:-$ROOT/.venv-0.33}" "${COMFYUI_033_PATH:-$CACHE/comfyui-0.33.0}" "$@"
-elif [ "$rc" = 3 ] && [ "${REQUIRE_COMFYUI_033:-0}" != 1 ]; then
-  summary+=("ComfyUI 0.33.0: not run (no 0.33 tree; set COMFYUI_033_PATH or COMFYUI_033_TARBALL)")
+rc033=$?
+have033=0
+if [ "$rc033" = 0 ]; then
+  have033=1
+elif [ "$rc033" = 3 ] && [ "${REQUIRE_COMFYUI_033:-0}" != 1 ]; then
+  echo "ComfyUI 0.33.0: not run (no 0.33 tree; set COMFYUI_033_PATH or COMFYUI_033_TARBALL)" >> "$LANES/summary"
 else
-  summary+=("ComfyUI 0.33.0: set-up failed (exit $rc)")
-  status=1
+  echo "ComfyUI 0.33.0: set-up failed (exit $rc033)" >> "$LANES/summary"
+  echo 1 > "$LANES/failed"
 fi
+
+# The generated fixtures, once, before the lanes (written by ComfyUI 0.3.75's classes, as before).
+echo "[test] generating the test fixtures (once; cached in $CACHE/models)"
+COMFYUI_PATH="$C375" "$V375/bin/python" tests/harness/prepare.py \
+  || { echo "[test] fixture generation failed" >&2; exit 1; }
+
+lane1() {
+  run_suite "0.3.75" "$V375" "$C375" \
+    --deselect test_benchmark_quick.py::test_quick_benchmark_json --deselect test_gpu_runbook_dryrun.py "$@"  # node ids (rootdir tests/)
+  [ "$have033" = 1 ] && run_new_frontend "$V033" "$C033" "$@"
+}
+lane2() {
+  [ "$have033" = 1 ] && run_suite "0.33.0" "$V033" "$C033" "$@"
+}
+if [ "${MEMORYKIT_SERIAL:-0}" = 1 ]; then
+  lane1 "$@"; lane2 "$@"
+else
+  lane1 "$@" > "$LANES/lane1.log" 2>&1 &
+  pid1=$!
+  lane2 "$@" > "$LANES/lane2.log" 2>&1 &
+  pid2=$!
+  # a heartbeat, so a long CI run shows it is alive; each lane's log follows when it ends
+  ( while sleep 300; do echo "[test] lanes running: $(date -u +%H:%M:%S)"; done ) &
+  beat=$!
+  wait "$pid2"; cat "$LANES/lane2.log"
+  wait "$pid1"; cat "$LANES/lane1.log"
+  kill "$beat" 2>/dev/null; wait "$beat" 2>/dev/null
+fi
+[ -f "$LANES/failed" ] && status=1
+mapfile -t summary < <(sort "$LANES/summary" 2>/dev/null)
 
 echo "[test] ===== versions ====="
 printf '[test] %s\n' "${summary[@]}"

@@ -16,6 +16,21 @@ from harness import comfy_env, models, offload_models, paths  # noqa: E402
 from harness.server import ComfyServer  # noqa: E402
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "core_independent: the check cannot differ between ComfyUI versions (no ComfyUI code "
+        "runs in it); it runs on the newest tested core only, so CI's time goes to what can differ")
+
+
+def pytest_collection_modifyitems(config, items):
+    if paths.one_version_only():
+        return
+    skip = pytest.mark.skip(reason="core-independent check: runs once, on the ComfyUI 0.33 suite")
+    for item in items:
+        if item.get_closest_marker("core_independent"):
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def fixture_models() -> dict:
     """Paths of the generated models (generated on first use, then cached)."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 
 from harness import paths
+
+pytestmark = pytest.mark.core_independent  # runs on the ComfyUI 0.33 suite only
 from harness.badges import badge_matches, bad_figures, split_badge
 
 badge = paths.technique_package() and __import__("memorykit_tech.badge", fromlist=["badge"])

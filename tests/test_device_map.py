@@ -48,7 +48,8 @@ def accelerate_map(module, strategy: str, budgets: dict, no_split: list[str]) ->
     planned = dict(infer_auto_device_map(module, max_memory=mm, no_split_module_classes=no_split))
     # except that what lies outside every block is never offloaded: accelerate's cpu entries
     # under a GPU main device go to that device (memorykit.device_map.resident_remainder)
-    blocks = [n for n, m in module.named_modules() if type(m).__name__ in no_split]
+    from comfyui_memorykit.memorykit.device_map import model_blocks
+    blocks = model_blocks(module)  # the pack's one block rule (the blocks Group Offload streams)
     main = next((d for d in planned.values() if d not in ("cpu", "disk")), "cpu")
     return {k: main if d in ("cpu", "disk") and main != "cpu" and not any(k == b or k.startswith(b + ".") for b in blocks)
             else d for k, d in planned.items()}

@@ -73,6 +73,44 @@ def test_probe_automaton_agrees_with_re_search_on_random_names():
             assert pat.search(name) == bool(re.search(p, name)), (p, name)
 
 
+# -- round 3, item 1: a text field that becomes work is bounded; the module loop can be stopped --
+
+def test_round3_item1_patterns_are_bounded_deduplicated_and_interruptible(fp8):
+    """One pattern on 80 000 lines (1.1 MB) held the worker for 250 s; 10 000 distinct patterns
+    48 s. The field is bounded in characters and distinct patterns, duplicates are kept once, and
+    the loop over modules runs the caller's interrupt check before each module."""
+    import time
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"^extra_skip_patterns is 1,120,000 characters long; at most 65,536"):
+        fp8.parse_patterns("blocks\\.0\\.zz\n" * 80_000)
+    assert time.perf_counter() - t0 < 1.0
+    assert fp8.parse_patterns("blocks\\.0\\.zz\n" * 4000) == [r"blocks\.0\.zz"]  # 56 000 characters: one pattern
+    with pytest.raises(ValueError, match=r"^extra_skip_patterns holds 201 distinct patterns; at most 200"):
+        fp8.parse_patterns("\n".join(f"blocks\\.{i}\\.zz" for i in range(201)))
+    model = torch.nn.Module()
+    model.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(50)])
+    seen = []
+
+    def check():
+        seen.append(1)
+        if len(seen) == 10:
+            raise InterruptedError("cancelled")
+
+    with pytest.raises(InterruptedError):
+        fp8.plan_layers(model, fp8.parse_patterns(r"blocks\.0\.zz"), check=check)
+    assert len(seen) == 10
+
+
+def test_round3_item1_other_text_fields_are_bounded():
+    from memorykit_tech import device_map, report
+    for call, needle in ((lambda: device_map.parse_max_memory("cpu=1GiB," * 1000), r"^max_memory is 9,000 characters"),
+                         (lambda: device_map.parse_custom_device_map("{" + " " * 2**20 + "}"), r"^custom_device_map is"),
+                         (lambda: sharded_save.parse_size("1" * 10**6 + "GB"), r"^max_shard_size is 1,000,002"),
+                         (lambda: report.build_report("x" * 10**6, []), r"^label is 1,000,000 characters")):
+        with pytest.raises(ValueError, match=needle):
+            call()
+
+
 # -- item 6: a comma inside a regex does not split it ------------------------------------------
 
 def test_item6_comma_inside_a_quantifier_is_not_a_separator(fp8):
@@ -114,6 +152,34 @@ def test_item3_an_earlier_save_is_recognised_by_its_marker(tmp_path):
     with pytest.raises(FileExistsError, match="delete or move it yourself"):
         sharded_save.save_sharded({"z": torch.ones(1)}, folder, overwrite=True)
     assert _tree(folder) == before
+
+
+def test_round3_item2_user_files_under_the_saved_names_are_not_replaced(tmp_path):
+    """Round 3, item 2: the user empties a saved folder with ``rm F/*`` (the hidden marker stays)
+    and puts another checkpoint there under the same names; overwrite refused it by name only
+    and replaced the user's shards and index. The marker records each file's size and mtime."""
+    folder = tmp_path / "F"
+    sharded_save.save_sharded({"x": torch.ones(3)}, folder)
+    for p in folder.iterdir():
+        if p.name != ".memorykit-save.json":
+            p.unlink()
+    _hf_checkpoint(folder, n=2)  # model-0000{1,2}-of-00002.safetensors + model.safetensors.index.json
+    (folder / "model-00001-of-00001.safetensors").write_bytes(b"the user's own file")  # a name the marker lists
+    before = _tree(folder)
+    with pytest.raises(FileExistsError, match=r"model-00001-of-00001.safetensors.* not the files? Save Sharded wrote"):
+        sharded_save.save_sharded({"y": torch.ones(2)}, folder, overwrite=True)
+    assert _tree(folder) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["F"]
+    # the same size, another time (rewritten in place) is refused too; the pack's own files still overwrite
+    sharded_save.save_sharded({"x": torch.ones(3)}, tmp_path / "G")
+    shard = tmp_path / "G" / "model-00001-of-00001.safetensors"
+    sharded_save.save_sharded({"y": torch.ones(2)}, tmp_path / "G", overwrite=True)
+    data = shard.read_bytes()
+    shard.write_bytes(data)
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))
+    with pytest.raises(FileExistsError, match="size or modification time differs"):
+        sharded_save.save_sharded({"z": torch.ones(1)}, tmp_path / "G", overwrite=True)
+    assert shard.read_bytes() == data
 
 
 # -- item 9: a corrupted leftovers list is recovered, not an error -----------------------------
@@ -261,3 +327,144 @@ def test_item13_temporal_fields_are_still_checked_where_time_is_cut():
     cut = tv.VAEShape(latent_channels=16, spatial_factor=8, time_factor=4, causal_time=True, time_cache=False)
     with pytest.raises(ValueError, match="temporal_overlap"):
         tv.make_plan(cut, "decode", (3, 8, 8), 64, 16, temporal_size=1, temporal_overlap=8)
+
+
+# -- round 3, item 6: the default offload folder is checked once, only where a disk is used ------
+
+@pytest.fixture
+def default_offload_blocked(comfy, tmp_path):
+    """``block(kind)``: a file or a dangling symlink where the default offload folder
+    (``user/__memorykit/offload``) goes, in a user directory of this test (ComfyUI's own
+    ``folder_paths.set_user_directory``; the shared tree's is put back afterwards)."""
+    import folder_paths
+    from comfyui_memorykit.memorykit.comfy_integration import cleanup
+    before = folder_paths.get_user_directory()
+    folder_paths.set_user_directory(str(tmp_path / "user"))
+
+    def block(kind: str):
+        from pathlib import Path
+        path = Path(cleanup.default_disk_folder())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "file":
+            path.write_text("not a folder")
+        else:
+            path.symlink_to(path.parent / "gone-away")
+        return path
+
+    try:
+        yield block
+    finally:
+        folder_paths.set_user_directory(before)
+
+
+@pytest.mark.parametrize("kind,why", [("file", "is a file, not a folder"), ("symlink", "is a symlink to .*gone-away', which does not exist")])
+def test_round3_item6_blocked_default_offload_folder(loaded, default_offload_blocked, kind, why):
+    """A file or a dangling symlink at the default offload folder made Group Offload (disk),
+    Balanced Device Map (cpu=4MiB, disk; 8 MiB for this model) and every Memory Plan fail with a raw FileExistsError,
+    also a "this machine" plan that uses no disk. The folder is checked only where a disk is
+    used, and the message names the field and the folder."""
+    from comfyui_memorykit.memorykit.comfy_integration import device_map_patcher, memory_plan_io, offload_patcher
+    from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
+    path = default_offload_blocked(kind)
+    model = loaded("sd15").patcher
+    settings = offload_patcher.GroupOffloadSettings(options=GroupOffloadOptions(offload_to="disk"))
+    with pytest.raises(RuntimeError, match=rf"^disk_folder is empty, so the default offload folder is used, and "
+                                           rf"'{path}' {why}: remove or fix it, or give a folder in disk_folder"):
+        offload_patcher.prepare_group_offload(model, settings)
+    with pytest.raises(RuntimeError, match=rf"^offload_folder is empty, .*'{path}' {why}"):
+        device_map_patcher.device_map_model(model, "balanced", "cpu=8MiB, disk")
+    # no disk used: no check, no error
+    device_map_patcher.device_map_model(model, "balanced", "cpu=64GiB")
+    out, _, info = memory_plan_io.memory_plan(model, plan_for="this machine")
+    assert info["machine"]["disk_bytes"] == 0 and f"No disk was planned with: disk_folder is empty" in info["reasons"][0]
+    assert info["pick"] != "stream from disk"
+    assert os.path.lexists(path) and not os.path.isdir(path)  # the user's file or link is left as it was
+
+
+# -- round 3, item 7: the smallest tile a VAE can decode is the floor of tile_size ---------------
+
+def test_round3_item7_ltxv_tile_below_two_latent_px_is_refused_naming_the_floor(comfy):
+    """LTX-Video (32x) with tile_size 32 or 40 px (one latent px) failed with a raw "Padding size
+    should be less than the corresponding input dimension" (its decoder pads by reflection); core's
+    VAE Decode of the same latent works. Refused now, naming the floor; 64 px decodes."""
+    from harness import vae_zoo
+    from comfyui_memorykit.nodes.tiled_vae import TiledVAEDecode
+    vae = vae_zoo.build("ltxv")
+    z = {"samples": torch.randn(1, vae.latent_channels, 2, 3, 3, generator=torch.Generator().manual_seed(0))}
+    opts = dict(TILE_DEFAULTS, overlap=0)
+    for tile in (32, 40):
+        with pytest.raises(ValueError, match=rf"^tile_size \({tile} px\) is below the smallest tile this VAE can "
+                                             r"decode: 64 px \(2 latent px at its 32x compression.*give tile_size 64 or more"):
+            TiledVAEDecode.execute(z, vae, **dict(opts, tile_size=tile))
+    with torch.inference_mode():
+        images = TiledVAEDecode.execute(z, vae, **dict(opts, tile_size=64)).args[0]
+    assert images.shape[1:3] == (96, 96) and torch.isfinite(images).all()
+
+
+# -- round 3, item 8: sizes in a unit that fits; the reserve and the node named as the graph has them
+
+def test_round3_item8_sizes_are_printed_in_a_unit_that_fits(tmp_path):
+    from memorykit_tech import units
+    assert [units.size_text(n) for n in (0, 12, 3 * 2**10, 10.2 * 2**20, 512 * 2**20, 2**30 - 2**19, 26.62 * 2**30)] == \
+        ["0 bytes", "12 bytes", "3.00 KiB", "10.2 MiB", "512 MiB", "1024 MiB", "26.62 GiB"]
+    with small_tmpfs(tmp_path / "full", "1m") as full:  # Save Sharded, nearly full disk
+        with pytest.raises(OSError, match=r"needs 1.00 MiB .*, \d+(\.\d+)? (KiB|MiB) are free") as e:
+            sharded_save.save_sharded({"w": torch.ones(512, 512)}, full / "model")
+        assert "0.00 GiB" not in str(e.value)
+
+
+def test_round3_item8_memory_plan_names_the_reserve_and_the_node(loaded, tmp_path):
+    """Given VRAM at or below core's 0.8 GiB reserve said "VRAM short by 0.00 GiB"; Balanced
+    Device Map after a Memory Plan that streams from disk was refused naming Group Offload, a
+    node the graph does not have."""
+    from comfyui_memorykit.memorykit import memory_plan as mp
+    from comfyui_memorykit.memorykit.comfy_integration import device_map_patcher, memory_plan_io
+    model = loaded("sd15").patcher
+    for vram in (0.5, 0.8):
+        with pytest.raises(mp.PlanError) as e:
+            memory_plan_io.memory_plan(model, plan_for="given figures", vram_gb=vram, ram_gb=0.001, disk_gb=0,
+                                       width=64, height=64)
+        msg = str(e.value)
+        assert f"the VRAM given ({vram:.2f} GiB) is at or below core's 0.80 GiB reserve" in msg, msg
+        assert "0.00 GiB" not in msg, msg
+    out, _, info = memory_plan_io.memory_plan(model, plan_for="given figures", vram_gb=0, ram_gb=0.05, disk_gb=10, allow_fp8=False,
+                                              width=64, height=64, disk_folder=str(tmp_path))
+    assert info["pick"] == "stream from disk", info["reasons"]
+    with pytest.raises(ValueError, match=r"^Balanced Device Map: this MODEL comes through Memory Plan \(its pick streams "
+                                         r"the weights from RAM or disk\).*or use Memory Plan alone") as e:
+        device_map_patcher.device_map_model(out, "balanced", "auto")
+    assert "Group Offload" not in str(e.value)
+
+
+# -- round 3, item 3: a node inspects its MODEL's own modules, not another clone's patches --------
+
+def test_round3_item3_inspection_ignores_another_loaded_clones_fp8_layers(loaded):
+    """After an FP8 prompt the FP8 clone stays loaded and its float8 layers sit in the model the
+    clones share: Memory Plan read them as "already float8" (its pick changed with what ran
+    before; a plan queued after an FP8 prompt sampled the wrong model), and FP8 Layerwise Cast saw
+    nothing left to cast. Every inspecting node reads the MODEL's own modules."""
+    import comfy.model_management as mm
+    from comfyui_memorykit.memorykit.comfy_integration import device_map_patcher, fp8_patcher, memory_plan_io
+    from comfyui_memorykit.memorykit.comfy_integration.model_view import own_module
+    model = loaded("sd15").patcher
+    shape = [1, 4, 8, 8]
+    fresh = memory_plan_io.model_figures(model, shape)
+    _, fresh_info = fp8_patcher.fp8_layerwise_cast(model)
+    fresh_map = device_map_patcher.device_map_model(model, "balanced", "cpu=64GiB")[1]["bytes_per_device"]
+    other, _ = fp8_patcher.fp8_layerwise_cast(model)
+    mm.load_models_gpu([other])  # its float8 layers are now applied to the shared modules
+    try:
+        applied = [k for k in other.object_patches if k in other.object_patches_backup]
+        assert applied and model.model.diffusion_model.get_submodule(applied[0][len("diffusion_model."):]) \
+            is other.object_patches[applied[0]]
+        assert memory_plan_io.model_figures(model, shape) == fresh
+        again, info = fp8_patcher.fp8_layerwise_cast(model)
+        assert (info["cast_layers"], info["weight_bytes_after"]) == (fresh_info["cast_layers"], fresh_info["weight_bytes_after"])
+        assert device_map_patcher.device_map_model(model, "balanced", "cpu=64GiB")[1]["bytes_per_device"] == fresh_map
+        view = own_module(model)
+        assert view is not model.model.diffusion_model and \
+            view.get_submodule(applied[0][len("diffusion_model."):]) is other.object_patches_backup[applied[0]]
+    finally:
+        mm.unload_all_models()
+    assert own_module(model) is model.model.diffusion_model  # nothing applied: the tree itself
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import time
 import uuid
@@ -52,6 +53,17 @@ def test_item1_catastrophic_skip_pattern_keeps_the_server_answering(server):
     res = _run_while_serving(server, {"1": CKPT, "2": fp8, "3": _report(["2", 0])})
     assert res.status == "success", res.error  # a valid pattern that matches no module name
     assert server.get("/queue", timeout=10)["queue_running"] == []
+
+
+def test_round3_item1_a_megabyte_of_skip_patterns_is_refused_at_once(server):
+    """One pattern on 80 000 lines (1.1 MB) ran 250 s and an interrupt took 302 s to act: now
+    the prompt fails at once naming the field and the limit, and the next prompt runs."""
+    fp8 = {"class_type": "MemoryKitFp8LayerwiseCast",
+           "inputs": {"model": ["1", 0], "storage_dtype": "float8_e4m3fn", "compute_dtype": "auto", "fp8_matmul": False,
+                      "scaling": "per-tensor", "skip_preset": "auto",
+                      "extra_skip_patterns": "blocks\\.0\\.zz\n" * 80_000 + f"# {uuid.uuid4().hex}"}}
+    res = _run_while_serving(server, {"1": CKPT, "2": fp8, "3": _report(["2", 0])}, timeout=120)
+    assert "extra_skip_patterns is 1,120,0" in _error(res) and "at most 65,536" in _error(res), _error(res)
 
 
 # -- item 2: an index that is a FIFO or /dev/zero is refused without reading ---------------------
@@ -139,7 +151,9 @@ def test_item11_read_only_folder_and_full_disk(server, models_root):
         assert "name: " in msg and "read-only" in msg and ".partial-" not in msg, msg
     with small_tmpfs(models_root / f"mk_full_{tag}", "1m") as full:
         msg = _error(server.run(_save(f"mk_full_{tag}/model"), timeout=120))
-        assert "not enough free space" in msg and "GiB are free" in msg, msg
+        # round 3, item 8: a size in a unit that fits (it said "0.00 GiB are free")
+        assert "not enough free space" in msg and re.search(r" \d+(\.\d+)? (MiB|KiB|bytes) are free", msg), msg
+        assert "0.00 GiB" not in msg, msg
         assert list(full.iterdir()) == []
 
 

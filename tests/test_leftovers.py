@@ -16,6 +16,8 @@ import pytest
 
 from harness import paths
 
+pytestmark = pytest.mark.core_independent  # runs on the ComfyUI 0.33 suite only
+
 paths.technique_package()
 from memorykit_tech import leftovers  # noqa: E402
 
@@ -110,3 +112,53 @@ def test_own_folders_removed_by_their_owner_leave_the_list(dirs):
     assert leftovers.remove_stale() == [] and os.path.isdir(path)  # this process is alive
     leftovers.remove_folder(path)
     assert not os.path.exists(path) and (state / leftovers.LIST_NAME).read_text() == ""
+
+
+PROBE_CHILD = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from harness import paths
+    paths.technique_package()
+    from memorykit_tech import offload_store
+
+    def timed(fn):
+        t0 = time.perf_counter()
+        fn()
+        return max(time.perf_counter() - t0, 1e-9)
+    print("ready", flush=True)
+    while True:
+        offload_store.disk_read_speed(sys.argv[1], 8 << 20, timed)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_round3_item5_disk_speed_probe_leaves_no_file_when_killed(tmp_path, sig):
+    """Memory Plan's disk-speed probe wrote a named temporary file (``memorykit-plan-*``, up to
+    64 MiB) that SIGKILL/SIGTERM left for ever. It is a file with no name now: a process killed
+    while it measures, again and again, leaves the folder empty."""
+    code = PROBE_CHILD.format(tests=str(Path(__file__).resolve().parent))
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.poll()
+        time.sleep(0.6)  # several probes (8 MiB written, synced, read) run meanwhile
+        assert proc.poll() is None
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert os.listdir(tmp_path) == []
+
+
+def test_round3_item5_a_half_written_list_of_a_killed_process_is_removed(dirs):
+    """The list is rewritten through ``folders.txt.<pid>.tmp``; a kill between the write and the
+    rename left that file for ever. The sweep at start deletes it when that process is gone."""
+    state, parent = dirs
+    leftovers.remove_folder(leftovers.make_folder("memorykit-offload-T-", parent))  # the list exists
+    dead, live = state / f"{leftovers.LIST_NAME}.999999999.tmp", state / f"{leftovers.LIST_NAME}.{os.getppid()}.tmp"
+    dead.write_text("{}\n")
+    live.write_text("{}\n")
+    leftovers.remove_stale()
+    assert not dead.exists() and live.exists()  # another live process (pytest's parent) is writing it
+

@@ -62,7 +62,7 @@ def decision_table(figures) -> str:
                     p = mp.make_plan(io.given_machine(v, r, DISK_GB), f).pick
                     cells.append(p.name + (f" ({p.streamed_bytes / 2**30:.1f} GiB/step)" if p.streamed_bytes else ""))
                 except mp.PlanError as e:
-                    cells.append("error: " + "; ".join(re.findall(r"(?:VRAM|RAM|disk) short by [\d.]+ GiB", str(e))))
+                    cells.append("error: " + "; ".join(re.findall(r"(?:VRAM|RAM|disk) short by [\d.]+ (?:GiB|MiB|KiB|bytes)", str(e))))
             rows.append(f"| {f.label} {f.weight_bytes / 2**30:.1f} GiB | {v} GiB | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -88,7 +88,7 @@ def test_decisions_match_first_principles(figures):
 def test_error_names_what_is_short_and_by_how_much(figures):
     from comfyui_memorykit.memorykit import memory_plan as mp
     from comfyui_memorykit.memorykit.comfy_integration import memory_plan_io as io
-    with pytest.raises(mp.PlanError, match=r"no way to run WAN21 \(26\.62 GiB of weights\).*VRAM short by 0\.01 GiB"):
+    with pytest.raises(mp.PlanError, match=r"no way to run WAN21 \(26\.62 GiB of weights\).*VRAM short by 8\.50 MiB"):
         mp.make_plan(io.given_machine(8, 32, DISK_GB), figures["wan_14b"])
 
 

@@ -94,8 +94,8 @@ def test_default_disk_folder_is_not_comfyui_temp_folder(ci):
     """ComfyUI empties its temp folder at every start (a second server beside a running one
     deleted the first one's offload files): the default lives in the pack's state directory."""
     import folder_paths
-    path = ci.offload_patcher.default_disk_folder()
-    assert os.path.isdir(path)
+    path = ci.offload_patcher.usable_disk_folder("")  # the default, created where a disk is used
+    assert os.path.isdir(path) and path == ci.offload_patcher.default_disk_folder()
     temp = os.path.abspath(folder_paths.get_temp_directory())
     assert not os.path.abspath(path).startswith(temp + os.sep) and os.path.abspath(path) != temp
     assert os.path.abspath(path).startswith(os.path.abspath(folder_paths.get_user_directory()) + os.sep)

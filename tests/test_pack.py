@@ -102,3 +102,54 @@ def test_comfy_registry_validation_passes():
     proc = subprocess.run([exe, "--skip-prompt", "--no-enable-telemetry", "node", "validate"], cwd=paths.REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "passed" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def _combo_options(spec: list) -> list | None:
+    """The choices of a COMBO input spec (old style: a list as the type; V3: "COMBO" + options)."""
+    if isinstance(spec[0], list):
+        return spec[0]
+    if spec[0] == "COMBO" and len(spec) > 1 and isinstance(spec[1], dict):
+        return spec[1].get("options")
+    return None
+
+
+def test_every_template_widget_value_is_valid_for_its_node(object_info):
+    """What the Run button sends: every widget value of every template, read as the frontend maps
+    ``widgets_values`` to inputs, is one the node accepts (no None for an optional widget such as
+    CLIPLoader's ``device``, a COMBO value in its list, numbers within min/max). Model file names
+    are the user's files (the stand-ins are mapped by the tests), so file lists are not checked."""
+    from harness import workflow
+    from harness.examples import MODEL_FILES
+    bad = []
+    for f in sorted((paths.REPO / "example_workflows").glob("*.json")):
+        for n in json.loads(f.read_text())["nodes"]:
+            values = n.get("widgets_values")
+            if n["type"] not in object_info or not isinstance(values, list) or n.get("mode") in (2, 4):
+                continue  # Notes, Reroutes, muted/bypassed nodes
+            info = object_info[n["type"]]["input"]
+            specs = {**info.get("required", {}), **info.get("optional", {})}
+            widgets = []  # widgets_values, paired with their input names the way the frontend lays them out
+            for name, _typ, opts, is_widget in workflow._input_specs(object_info[n["type"]]):
+                if is_widget:
+                    widgets.append(name)
+                    if opts.get("control_after_generate"):
+                        widgets.append(None)  # the "control after generate" value
+            for name, val in zip(widgets, values):
+                if name is None:
+                    continue
+                spec = specs[name]
+                where = f"{f.name}: node {n['id']} {n['type']}.{name} = {val!r}"
+                if val is None:
+                    bad.append(where + " (no value: the prompt is rejected)")
+                    continue
+                options = _combo_options(spec)
+                opts = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+                if options is not None:
+                    is_file = val in MODEL_FILES or any(str(o).endswith((".safetensors", ".gguf", ".pt", ".ckpt", ".sft"))
+                                                        for o in options) or str(val).endswith(".safetensors")
+                    if val not in options and not is_file:
+                        bad.append(where + f" not in {options[:12]}")
+                elif spec[0] in ("INT", "FLOAT") and isinstance(val, (int, float)):
+                    if ("min" in opts and val < opts["min"]) or ("max" in opts and val > opts["max"]):
+                        bad.append(where + f" outside [{opts.get('min')}, {opts.get('max')}]")
+    assert not bad, "template widget values the node rejects:\n" + "\n".join(bad)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import re
 import tomllib
 
+import pytest
+
 from harness import paths
+
+pytestmark = pytest.mark.core_independent  # runs on the ComfyUI 0.33 suite only
 
 FRONTEND = "comfyui-frontend-package"
 
@@ -25,3 +29,20 @@ def test_requirements_txt_matches_pyproject_without_frontend():
     assert FRONTEND not in {_name(r) for r in reqs}, "requirements.txt must not list the frontend package"
     want = sorted(d.replace(" ", "") for d in deps if _name(d) != FRONTEND)
     assert sorted(r.replace(" ", "") for r in reqs) == want, f"requirements.txt {reqs} vs pyproject {deps}"
+
+
+def test_diffusers_floor_has_the_group_offloading_stream_fixes():
+    """The ``diffusers`` scheduler of Group Offload runs diffusers' hooks with ``use_stream`` /
+    ``record_stream``: the floor is the first release whose disk offload synchronises the compute
+    stream before freeing weights (0.41.0; 0.39.0 and 0.40.0 lack it), and the installed diffusers
+    meets it (its ``_offload_to_disk`` waits for the compute stream)."""
+    import inspect
+
+    from packaging.version import Version
+    floor = next(r for r in _requirements() if _name(r) == "diffusers").split(">=", 1)[1]
+    assert Version(floor) >= Version("0.41.0"), floor
+    import diffusers
+    from diffusers.hooks import group_offloading
+    assert Version(diffusers.__version__) >= Version(floor), diffusers.__version__
+    src = inspect.getsource(group_offloading.ModuleGroup._offload_to_disk)
+    assert "synchronize()" in src

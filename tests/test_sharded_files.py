@@ -17,6 +17,8 @@ from safetensors.torch import save_file
 
 from harness import paths
 
+pytestmark = pytest.mark.core_independent  # runs on the ComfyUI 0.33 suite only
+
 paths.technique_package()
 from memorykit_tech import memory, sharded, sharded_save  # noqa: E402
 

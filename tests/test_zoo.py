@@ -152,8 +152,7 @@ def test_disk_offload_is_bit_exact(arch, offload_type, tmp_path):
 
 def test_device_map_cpu_and_disk_is_bit_exact(arch, tmp_path):
     from comfyui_memorykit.memorykit import comfy_integration as ci
-    from comfyui_memorykit.memorykit import device_map as dmap
-    blocks = dmap.block_names(arch.dm, dmap.block_classes(arch.dm))
+    blocks = [qn for _, items in ci.comfy_block_lists(arch.dm) for qn, _ in items]
     in_blocks = sum(t.numel() * t.element_size() for b in blocks for t in arch.dm.get_submodule(b).state_dict().values())
     cpu = arch.nbytes - in_blocks // 2  # what lies outside the blocks and half the blocks: both devices used
     clone, rep, _ = ci.device_map_model(arch.patcher, "balanced", f"cpu={cpu}, disk", str(tmp_path))

@@ -9,7 +9,7 @@ Modules, one per technique plus two shared ones:
 - ``free`` (Free Memory), ``sharded_io`` (sharded load/save through core's loaders),
   ``fp8_patcher`` (FP8 Layerwise Cast object patches), ``offload_patcher`` (Group Offload's
   ModelPatcher subclass), ``device_map_patcher`` (Balanced Device Map's ModelPatcher subclass),
-  ``tiled_vae_io`` (Tiled VAE on core's VAE object).
+  ``tiled_vae_io`` (Tiled VAE on core's VAE object), ``text_encoder`` (the techniques on a CLIP).
 
 The names below are the public API the nodes use.
 """
@@ -26,6 +26,9 @@ from .offload_patcher import (GROUP_OFFLOAD_KEY, GroupOffloadModelPatcher, Group
 from .sharded_io import (diffusion_models_dir, load_sharded_diffusion_model, load_sharded_text_encoder,
                          model_state_dict_for_saving, resolve_sharded, save_model_sharded, sharded_choices,
                          sharded_ui, text_encoder_types)
+from .text_encoder import (TE_DEVICE_KEY, TextEncoderOffloadModelPatcher, encoder_block_lists, encoder_roots,
+                           format_text_encoder_info, text_encoder_device, text_encoder_fp8,
+                           text_encoder_group_offload)
 from .tiled_vae_io import TiledVAEOptions, tiled_vae_decode, tiled_vae_encode, vae_shape
 
 __all__ = [
@@ -41,5 +44,7 @@ __all__ = [
     "diffusion_models_dir", "load_sharded_diffusion_model", "load_sharded_text_encoder",
     "model_state_dict_for_saving", "resolve_sharded", "save_model_sharded", "sharded_choices", "sharded_ui",
     "text_encoder_types",
+    "TE_DEVICE_KEY", "TextEncoderOffloadModelPatcher", "encoder_block_lists", "encoder_roots",
+    "format_text_encoder_info", "text_encoder_device", "text_encoder_fp8", "text_encoder_group_offload",
     "TiledVAEOptions", "tiled_vae_decode", "tiled_vae_encode", "vae_shape",
 ]

@@ -6,6 +6,7 @@ import torch
 
 import comfy.model_management as mm
 
+from . import placement
 from .compat import memory_path
 
 # Same choices and meaning as core's UNETLoader ``weight_dtype`` (nodes.py, 0.3.75 and 0.33).
@@ -59,12 +60,5 @@ def loaded_models() -> list[dict]:
 
 
 def _pack_memory_path(patcher) -> str | None:
-    # The pack's own placements mark the shared BaseModel while applied (see offload_patcher /
-    # device_map_patcher); imported here lazily to keep the module order one-way.
-    from .device_map_patcher import device_map_applied
-    from .offload_patcher import group_offload_applied
-    if group_offload_applied(patcher.model):
-        return "MemoryKit group offload"
-    if device_map_applied(patcher.model):
-        return "MemoryKit device map"
-    return None
+    # The pack's own placements are recorded on the shared BaseModel while applied (placement).
+    return placement.memory_path(patcher.model)

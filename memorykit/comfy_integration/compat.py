@@ -12,6 +12,8 @@ it needs (never a version number) and does the right thing on both sides:
 - video VAEs whose own classes run time in causal chunks with a carried cache (0.33+):
   :func:`core_carries_time`;
 - per-forward LoRA patches on float8 layers: :func:`apply_weight_patch`;
+- core's Linear call arguments (input activation, residual; newest core): :func:`core_linear_act`;
+- core's switches and helpers: :func:`pinned_memory_disabled`, :func:`count_pinned`, :func:`is_oom`;
 - a private folder in the user directory: :func:`system_user_directory`.
 """
 from __future__ import annotations
@@ -130,6 +132,46 @@ def apply_weight_patch(patch, weight: torch.Tensor) -> torch.Tensor:
         import comfy.lora
         return comfy.lora.calculate_weight(patch.patches[patch.key], weight, patch.key, intermediate_dtype=weight.dtype)
     return patch(weight)
+
+
+def core_linear_act():
+    """``(comfy.ops._eager_input_act, comfy.ops._linear_residual)`` where this core has them (after
+    0.38: the meaning of a Linear's ``input_act``/``act_weight``/``act_eps`` and ``residual``/
+    ``residual_scale``), else None (:mod:`.linear_args` then does the same math)."""
+    import comfy.ops
+    act, res = getattr(comfy.ops, "_eager_input_act", None), getattr(comfy.ops, "_linear_residual", None)
+    return (act, res) if callable(act) and callable(res) else None
+
+
+def pinned_memory_disabled() -> bool:
+    """True when the user started ComfyUI with ``--disable-pinned-memory`` (core then pins
+    nothing; MemoryKit's own page-locking follows it)."""
+    try:
+        from comfy.cli_args import args
+    except ImportError:
+        return False
+    return bool(getattr(args, "disable_pinned_memory", False))
+
+
+PAGEABLE_NOTE = ("pinned memory disabled (--disable-pinned-memory): weights are copied from pageable memory, "
+                 "slower on the GPU")
+
+
+def count_pinned(nbytes: int) -> None:
+    """Add ``nbytes`` (negative: remove) to core's count of page-locked host memory
+    (``model_management.TOTAL_PINNED_MEMORY``, which core's pin budget compares with
+    ``MAX_PINNED_MEMORY``) where this core keeps one."""
+    if isinstance(getattr(mm, "TOTAL_PINNED_MEMORY", None), int):
+        mm.TOTAL_PINNED_MEMORY = max(0, mm.TOTAL_PINNED_MEMORY + int(nbytes))
+
+
+def is_oom(e: BaseException) -> bool:
+    """True for an out-of-memory error as core counts one: ``model_management.is_oom`` where it
+    exists (0.33+: also ``torch.AcceleratorError`` code 2), else ``torch.OutOfMemoryError``."""
+    fn = getattr(mm, "is_oom", None)
+    if callable(fn):
+        return bool(fn(e))
+    return isinstance(e, torch.OutOfMemoryError)
 
 
 def system_user_directory(name: str) -> str:

@@ -16,17 +16,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import device_map as dmap
+from .. import device_map as dmap, weight_parts
 from ..device_dispatch import dispatch_device_map
-from ..offload import check_disk_folder
-from . import placement
-from .cleanup import default_disk_folder
+from . import compat, placement
+from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
-from .offload_patcher import GROUP_OFFLOAD_KEY
 from .fp8_patcher import plain_fp8_layers
+from .model_view import own_module
 
-DEVICE_MAP_ATTACHMENT = "memorykit_device_map"
+DEVICE_MAP_ATTACHMENT = placement.DEVICE_MAP_ATTACHMENT
 # ComfyUI passes transformer_options (patches, wrappers, callbacks) down every forward; its
 # content is not input data and must reach the blocks as it is (not copied, not moved).
 _DEVICE_MAP_SKIP_KEYS = ["transformer_options"]
@@ -50,15 +49,21 @@ class DeviceMapPlan:
 class _AppliedDeviceMap(placement.Placement):
     """The dispatched map (a :class:`placement.Placement`, keyed on plan, patch uuid, device)."""
 
-    def __init__(self, handle, plan: DeviceMapPlan, patches_uuid, device, offload_device):
+    memory_path = "MemoryKit device map"
+
+    def __init__(self, handle, plan: DeviceMapPlan, patches_uuid, device, offload_device, parts=None):
         super().__init__((plan, patches_uuid, device))
         self.handle = handle    # device_dispatch.DispatchedModel
+        self.parts = parts      # weight_parts.Decomposed: GGUF weights placed as their raw bytes
         self.plan = plan
         self.offload_device = offload_device
 
     def undo(self, base_model) -> None:
         """Hooks removed, every weight back where it was (``DispatchedModel.remove``), counters reset."""
         self.handle.remove()
+        if self.parts is not None:
+            self.parts.restore()
+        placement.fault_point("undo")
         base_model.model_loaded_weight_memory = 0
         base_model.device = self.offload_device
 
@@ -82,76 +87,43 @@ def _map_device_of(device) -> object:
     return (d.index or 0) if d.type == "cuda" else d.type
 
 
-class _DeviceMapPatcherMixin:
-    """ModelPatcher behaviour for a clone carrying a :class:`DeviceMapPlan` (see section notes)."""
+class _DeviceMapPatcherMixin(placement.PlacementPatcher):
+    """ModelPatcher behaviour for a clone carrying a :class:`DeviceMapPlan`: the placement
+    lifecycle of :class:`placement.PlacementPatcher`, applying the device map."""
 
     def _device_map_plan(self) -> DeviceMapPlan | None:
         if placement.wants_plain_load(self):
             return None  # saving: ComfyUI's own load, real weights (placement.plain_load)
         return self.get_attachment(DEVICE_MAP_ATTACHMENT)
 
-    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
-        plan = self._device_map_plan()
-        if plan is None:
-            placement.remove(self.model)
-            return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
-        placement.remove(self.model)
+    _placement_kind = _AppliedDeviceMap
+
+    def _placement_plan(self, device_to, force_patch_weights):
+        return self._device_map_plan()
+
+    def _placement_key(self, plan, device_to) -> tuple:
+        return (plan, self.patches_uuid, _device(device_to))
+
+    def _apply_placement(self, device_to, plan, memory, force_patch_weights) -> None:
         # ComfyUI's own full load onto the offload device: applies weight patches (LoRA), no
         # lowvram casting, weights stay in RAM; accelerate then places them.
-        super().load(self.offload_device, 0, force_patch_weights, True)
-        handle = dispatch_device_map(self.model.diffusion_model, plan.device_map, plan.offload_folder, plan.main_device,
-                                     skip_keys=_DEVICE_MAP_SKIP_KEYS, preload_module_classes=list(plan.block_classes))
+        self._core_load(self.offload_device, 0, force_patch_weights, True)
+        parts = weight_parts.decompose(self.model.diffusion_model)  # GGUF: raw bytes placed, rebuilt at forward
+        try:
+            handle = dispatch_device_map(self.model.diffusion_model, plan.device_map, plan.offload_folder,
+                                         plan.main_device, skip_keys=_DEVICE_MAP_SKIP_KEYS,
+                                         preload_module_classes=list(plan.block_classes), is_oom=compat.is_oom)
+        except BaseException:
+            parts.restore()
+            raise
         placement.install(self, _AppliedDeviceMap(handle, plan, self.patches_uuid, _device(device_to),
-                                                  self.offload_device))
+                                                  self.offload_device, parts))
         on_load_device = dmap.bytes_per_device(self.model.diffusion_model, plan.device_map).get(
             dmap.device_name(_map_device_of(device_to)), 0)
         self.model.device = device_to
         self.model.model_lowvram = False
         self.model.model_loaded_weight_memory = on_load_device
         self.model.model_offload_buffer_memory = 0
-
-    def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
-        plan = self._device_map_plan()
-        if plan is None:
-            if placement.applied(self.model) is not None:
-                self.unpatch_model(self.offload_device, unpatch_weights=True)
-            return super().partially_load(device_to, extra_memory, force_patch_weights)
-        key = (plan, self.patches_uuid, _device(device_to))
-        if not force_patch_weights and placement.reuse(self, key, _AppliedDeviceMap):
-            return 0
-        with self.use_ejected(skip_and_inject_on_exit_only=True):
-            # Start from ComfyUI's unloaded state whatever was there (the plain model, another map).
-            self.unpatch_model(self.offload_device, unpatch_weights=True)
-            self.patch_model(load_weights=False)
-            try:
-                self.load(device_to, force_patch_weights=force_patch_weights, full_load=True)
-            except Exception:
-                self.detach()
-                raise
-        return self.model.model_loaded_weight_memory
-
-    def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
-        if placement.applied(self.model) is not None:
-            return 0  # a device map is removed whole (detach), never in part
-        return super().partially_unload(device_to, memory_to_free, force_patch_weights)
-
-    def unpatch_model(self, device_to=None, unpatch_weights=True):
-        if unpatch_weights:
-            placement.remove(self.model)
-        return super().unpatch_model(device_to, unpatch_weights)
-
-    def is_clone(self, other):
-        # load_models_gpu is about to load this patcher and detach `other` with unpatch_all=False:
-        # this patcher's partially_load reuses or replaces the placement, so that detach may keep it.
-        same = super().is_clone(other)
-        if same:
-            placement.mark_handover(self, other)
-        return same
-
-    def detach(self, unpatch_all=True):
-        # The owner's full detach: the map removed (weights back where they were), then ComfyUI's
-        # full unpatch so its bookkeeping (patched weights, loaded size) matches.
-        return super().detach(placement.detach_unpatch_all(self, unpatch_all))
 
 
 _DEVICE_MAP_CLASSES: dict = {}
@@ -179,7 +151,8 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     removed when ComfyUI unloads or detaches it. ``report`` is the Memory Report dict plus
     ``device_map`` (the ``hf_device_map`` the model will get: module → GPU index / "cpu" /
     "disk"), ``strategy``, ``max_memory`` (budgets in bytes after balancing, keyed by device
-    name; None for a custom map), ``no_split_module_classes``, ``bytes_per_device``,
+    name; None for a custom map), ``no_split_module_classes``, ``blocks`` (the blocks kept whole:
+    those Group Offload streams), ``bytes_per_device``,
     ``main_device``, ``offload_folder``, ``missing_devices``. Raises ValueError for bad input
     (see :mod:`memorykit.device_map`), RuntimeError naming ``offload_folder`` when the map puts
     weights on disk and that folder is missing or not writable (as Group Offload's
@@ -187,20 +160,24 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     """
     from ..report import build_report, format_report
 
-    if model.get_attachment(GROUP_OFFLOAD_KEY) is not None:
-        raise ValueError("Balanced Device Map: this MODEL comes through Group Offload, and both nodes decide where "
+    if model.get_attachment(placement.GROUP_OFFLOAD_KEY) is not None:
+        node = placement.placed_by(model)  # Group Offload, or Memory Plan that applied it
+        how = "" if node == "Group Offload" else " (its pick streams the weights from RAM or disk)"
+        raise ValueError(f"Balanced Device Map: this MODEL comes through {node}{how}, and both nodes decide where "
                          "the weights live. Connect Balanced Device Map to the loader (or LoRA loader) directly, "
-                         "or use Group Offload alone.")
-    diffusion_model = model.get_model_object("diffusion_model")
-    no_split = dmap.block_classes(diffusion_model)
+                         f"or use {node} alone.")
+    diffusion_model = own_module(model)  # its own modules, not another loaded clone's patches
+    blocks = placement.comfy_block_names(diffusion_model)  # the blocks Group Offload streams
+    no_split = dmap.block_classes(diffusion_model, blocks)
     if custom_device_map and custom_device_map.strip():
         device_map = dmap.validate_device_map(diffusion_model, dmap.parse_custom_device_map(custom_device_map))
         budgets, source = None, "custom device map"
     else:
         mm = dmap.parse_max_memory(max_memory)
-        device_map, budgets = dmap.plan_device_map(diffusion_model, mm.budgets, strategy, no_split, mm.allow_disk)
+        device_map, budgets = dmap.plan_device_map(diffusion_model, mm.budgets, strategy, no_split, mm.allow_disk,
+                                                   blocks)
         source = f"{strategy}, max_memory {mm.describe()}"
-    split = dmap.split_blocks(device_map, dmap.block_names(diffusion_model, no_split))
+    split = dmap.split_blocks(device_map, blocks)
     main = dmap.main_device(device_map)
     gpus = sorted({d for d in device_map.values() if d not in dmap.OFFLOAD_DEVICES}, key=str)
     if _is_comfy_unet(diffusion_model) and len(gpus) > 1:
@@ -210,12 +187,10 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
     folder = (offload_folder or "").strip()
     per_device = dmap.bytes_per_device(diffusion_model, device_map)
     if "disk" in per_device:
-        folder = check_disk_folder(folder or default_disk_folder(), what="offload_folder")
+        folder = usable_disk_folder(folder, what="offload_folder")
     folder = folder or default_disk_folder()
-    # preloaded whole when offloaded: the blocks whose own forward runs (a UNet's
-    # TimestepEmbedSequential is never called as a whole: its layers are, see comfy_block_lists)
-    preload = dmap.block_classes(diffusion_model, descend_into=("TimestepEmbedSequential",))
-    plan = DeviceMapPlan(device_map, main, folder, tuple(preload))
+    # preloaded whole when offloaded: the blocks, whose own forward runs (see comfy_block_lists)
+    plan = DeviceMapPlan(device_map, main, folder, tuple(no_split))
     clone = opt_out_of_dynamic_vram(model, "Balanced Device Map")
     plain_fp8_layers(clone, "Balanced Device Map")  # core's QuantizedTensor layers → plain float8 tensors
     clone.__class__ = _device_map_patcher_class(type(clone))
@@ -229,6 +204,7 @@ def device_map_model(model, strategy: str, max_memory: str, offload_folder: str 
         "strategy": None if budgets is None else strategy,
         "max_memory": None if budgets is None else {dmap.device_name(d): int(b) for d, b in budgets.items()},
         "no_split_module_classes": no_split,
+        "blocks": blocks,
         "split_blocks": split,
         "bytes_per_device": per_device,
         "main_device": dmap.device_name(main),

@@ -28,7 +28,7 @@ import comfy.model_patcher
 import comfy.patcher_extension
 import torch
 
-from . import compat
+from . import compat, linear_args
 
 LORA_MODES = ("unmerged", "merged")
 _CALLBACK_KEY = "memorykit_fp8_unmerged_lora"
@@ -42,6 +42,13 @@ class CoreFp8Lora:
 
     _mk_lora_mode = "unmerged"
     _mk_original = (None,)
+    # Core's fused shortcuts call this layer's forward (see :mod:`.linear_args`).
+    comfy_force_forward = True
+
+    def forward(self, input, *args, **kwargs):
+        """Core's forward, with core's Linear arguments (input activation, residual) applied
+        as core does (:mod:`.linear_args`): core's mixed-precision Linear would drop them."""
+        return linear_args.call_linear(self, super().forward, input, args, kwargs)
 
     def convert_weight(self, weight, inplace=False, **kwargs):
         """``inplace=True`` (ModelPatcher's merge at load): the original high-precision weight

@@ -22,8 +22,10 @@ from typing import ClassVar
 import torch
 
 from .. import fp8
-from . import compat, fp8_core, placement
+from . import compat, fp8_core, linear_args, placement
 from .compat import apply_weight_patch
+from .gguf_weights import gguf_model_description
+from .model_view import own_module, own_object
 
 FP8_ATTACHMENT = "memorykit_fp8"
 # Attributes ComfyUI sets on a loaded module; a new layer starts without them.
@@ -58,6 +60,9 @@ class _Fp8CastOp:
     """
 
     comfy_cast_weights = True
+    # Core's fused shortcuts (fp16 accumulation, linear_input_act) call this layer's forward instead
+    # of reading its float8 weight without the scale.
+    comfy_force_forward = True
     # Class-level empty lists, as in comfy.ops.CastWeightBiasOp: ComfyUI assigns per-instance lists.
     weight_function: ClassVar[list] = []
     bias_function: ClassVar[list] = []
@@ -69,10 +74,17 @@ class _Fp8CastOp:
         return self.forward_comfy_cast_weights(*args, **kwargs)
 
     def forward_comfy_cast_weights(self, input, *args, **kwargs):
+        """Core's Linear arguments (input activation, residual) or Conv ``autopad`` applied as core
+        does (:mod:`.linear_args`); anything else raises TypeError."""
+        if isinstance(self, torch.nn.Linear):
+            return linear_args.call_linear(self, self._fp8_forward, input, args, kwargs)
+        return self._fp8_forward(input, **linear_args.split_conv_call(self, args, kwargs))
+
+    def _fp8_forward(self, input, **conv_kwargs):
         import comfy.ops
         lowvram_patch = getattr(self, "weight_lowvram_function", None)
         if self.weight_function or lowvram_patch is not None:
-            return self._forward_with_weight_patches(input, lowvram_patch)
+            return self._forward_with_weight_patches(input, lowvram_patch, **conv_kwargs)
         scale = layer_scale(self)
         if self._mk_fp8_matmul and isinstance(self, torch.nn.Linear) and fp8.fp8_matmul_supported(input, self.weight):
             # Weight stays float8 (moved to the device; lowvram LoRA functions return float8 too).
@@ -87,11 +99,11 @@ class _Fp8CastOp:
         elif isinstance(self, torch.nn.Linear):
             out = fp8.scaled_linear(input, weight, scale, bias)
         else:
-            out = self._conv_forward(input, fp8.scale_weight(weight, scale), bias)
+            out = self._conv_forward(input, fp8.scale_weight(weight, scale), bias, **conv_kwargs)
         comfy.ops.uncast_bias_weight(self, weight, bias, offload_stream)
         return out
 
-    def _forward_with_weight_patches(self, input, lowvram_patch):
+    def _forward_with_weight_patches(self, input, lowvram_patch, **conv_kwargs):
         """LoRA on a partially or dynamically loaded model: core applies its per-forward patches
         (``weight_function`` / 0.33's ``weight_lowvram_function``) to the storage-domain values
         (float8 / scale) it casts, and 0.33's ``LowVramPatch`` no longer calls ``convert_weight``
@@ -120,7 +132,7 @@ class _Fp8CastOp:
         if isinstance(self, torch.nn.Linear):
             out = torch.nn.functional.linear(input, real, bias)
         else:
-            out = self._conv_forward(input, real, bias)
+            out = self._conv_forward(input, real, bias, **conv_kwargs)
         comfy.ops.uncast_bias_weight(self, weight, bias, offload_stream)
         return out
 
@@ -292,7 +304,6 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
     that cannot use the dtypes, a MODEL already cast by this node, or nothing to cast.
     """
     import comfy.model_management as cmm
-    import comfy.utils
 
     if model.get_attachment(FP8_ATTACHMENT) is not None:
         raise ValueError("This MODEL already went through FP8 Layerwise Cast; use one FP8 Layerwise Cast "
@@ -321,9 +332,15 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
             raise ValueError("fp8_matmul needs storage_dtype float8_e4m3fn (float8 GEMMs take e4m3 weights).")
         fp8.check_fp8_matmul(device)
 
+    gguf = gguf_model_description(model)
+    if gguf is not None:
+        raise ValueError(f"FP8 Layerwise Cast: this MODEL comes from a GGUF file ({gguf}); its layers are already "
+                         "stored quantized and dequantised by the GGUF loader's own layers, so they are left as they "
+                         "are (casting them to float8 would quantize twice). Connect the GGUF loader's MODEL to the "
+                         "next node directly, or load the original safetensors model to use FP8 Layerwise Cast.")
     placement.release(model.model)  # a loaded Group Offload / device map holds placeholders: read real weights
     n = model.clone()
-    dm = n.model.diffusion_model
+    dm = own_module(n)  # this MODEL's modules, not another loaded clone's applied FP8 layers
     family = fp8.detect_family(dm)
     patterns = fp8.default_skip_patterns(family, skip_preset) + fp8.parse_patterns(extra_skip_patterns)
     prefix = "diffusion_model."
@@ -334,37 +351,16 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
             return n.get_model_object(key)
         return m
 
-    plan = fp8.plan_layers(dm, patterns, get_module=original)
+    plan = fp8.plan_layers(dm, patterns, get_module=original, check=cmm.throw_exception_if_processing_interrupted)
     if not plan.cast:
         reasons = sorted(set(plan.kept.values()))[:5]
         raise ValueError(f"FP8 Layerwise Cast: no layer of this {family} model left to cast (kept for: {reasons}). "
                          "Relax the skip patterns, or load the model unquantised (weight_dtype default).")
 
     size_before = n.model_size()
-    work = device if getattr(device, "type", "cpu") == "cuda" else None
     core_fmt, core_layout, own_reason = _core_plan(storage, scaling, fp8_matmul, device)
-    pbar = comfy.utils.ProgressBar(len(plan.cast))
-    saved = cast_params = n_core = 0
-    for name in plan.cast:
-        cmm.throw_exception_if_processing_interrupted()  # Cancel stops here; the clone is dropped
-        key = prefix + name
-        in_tree = key not in n.object_patches and key not in n.object_patches_backup
-        orig = original(name, None) if not in_tree else comfy.utils.get_attr(n.model, key)
-        w = _unpatched(n, orig, key, "weight", in_tree)
-        core = core_fmt is not None and isinstance(orig, torch.nn.Linear)
-        q, s = _quantized(w, storage, scaling, work, n.offload_device, memo=core,
-                          power_of_two=core_power_of_two_scale(core, compute))
-        b = _unpatched(n, orig, key, "bias", in_tree)
-        b = None if b is None else b.detach().to(n.offload_device, copy=True)
-        if core:
-            layer = fp8_core.build_layer(orig, q, s, b, core_fmt, compute, fp8_matmul, lora_mode)
-            n_core += 1
-        else:
-            layer = _fp8_layer(orig, q, s, b, fp8_matmul, scaling, lora_mode)
-        n.add_object_patch(key, layer)
-        saved += fp8.param_bytes(w) - fp8.param_bytes(q)
-        cast_params += w.numel()
-        pbar.update(1)
+    saved, cast_params, n_core = cast_layers(n, prefix, plan.cast, storage, scaling, compute, core_fmt,
+                                             fp8_matmul, lora_mode)
 
     if lora_mode == "unmerged":
         fp8_core.register_callbacks(n)
@@ -390,6 +386,42 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
         info.update(core_layers=0, path=n.get_attachment(FP8_ATTACHMENT)["path"])
     n.set_attachments(FP8_ATTACHMENT, {k: v for k, v in info.items() if k != "kept_layers"} | {"cast": list(plan.cast)})
     return n, info
+
+
+def cast_layers(n, prefix: str, names: list[str], storage, scaling: str, compute, core_fmt,
+                fp8_matmul: bool, lora_mode: str) -> tuple[int, int, int]:
+    """Add to ``n`` (a clone) one float8 object patch per layer ``prefix + name`` of ``names``
+    (core's QuantizedTensor Linear when ``core_fmt``, else MemoryKit's cast layer); returns
+    ``(bytes saved, parameters cast, core layers)``. Quantises on the load device when it is a
+    GPU; the results stay on the offload device. Cancel stops between layers."""
+    import comfy.model_management as cmm
+    import comfy.utils
+
+    device = n.load_device
+    work = device if getattr(device, "type", "cpu") == "cuda" else None
+    pbar = comfy.utils.ProgressBar(len(names))
+    saved = cast_params = n_core = 0
+    for name in names:
+        cmm.throw_exception_if_processing_interrupted()  # Cancel stops here; the clone is dropped
+        key = prefix + name
+        in_tree = key not in n.object_patches and key not in n.object_patches_backup
+        orig = own_object(n, key)
+        w = _unpatched(n, orig, key, "weight", in_tree)
+        core = core_fmt is not None and isinstance(orig, torch.nn.Linear)
+        q, s = _quantized(w, storage, scaling, work, n.offload_device, memo=core,
+                          power_of_two=core_power_of_two_scale(core, compute))
+        b = _unpatched(n, orig, key, "bias", in_tree)
+        b = None if b is None else b.detach().to(n.offload_device, copy=True)
+        if core:
+            layer = fp8_core.build_layer(orig, q, s, b, core_fmt, compute, fp8_matmul, lora_mode)
+            n_core += 1
+        else:
+            layer = _fp8_layer(orig, q, s, b, fp8_matmul, scaling, lora_mode)
+        n.add_object_patch(key, layer)
+        saved += fp8.param_bytes(w) - fp8.param_bytes(q)
+        cast_params += w.numel()
+        pbar.update(1)
+    return saved, cast_params, n_core
 
 
 def plain_fp8_layers(patcher, node: str) -> None:

@@ -51,6 +51,7 @@ def fp8_layers_for_saving(model, sd: dict, metadata: dict) -> tuple[dict, dict, 
     file_layers: dict[str, dict] = {}
     kinds: set[str] = set()
     info = {"format": "comfy-quant", "core": 0, "dequantised": 0, "file_metadata": False}
+    shift = _LoraShift()
     for name in cast:
         layer = model.get_model_object(f"diffusion_model.{name}")
         p = f"{prefix}{name}."
@@ -64,6 +65,7 @@ def fp8_layers_for_saving(model, sd: dict, metadata: dict) -> tuple[dict, dict, 
         else:
             if lora:  # a file holds no per-forward patch: merge once, re-quantise (see merged_for_saving)
                 q, s = fp8_core.merged_for_saving(layer, model.patches, patch_key)
+                shift.add(layer, q, s, model.patches, patch_key)
             else:
                 q, s = sd.get(p + "weight"), layer_scale(layer)
                 if q is None or q.dtype not in _FLOAT8:
@@ -85,6 +87,7 @@ def fp8_layers_for_saving(model, sd: dict, metadata: dict) -> tuple[dict, dict, 
         info["file_metadata"] = True
     if not info["core"]:
         info["format"] = "dequantised"
+    info.update(shift.info())
     if info["dequantised"]:
         info["reason"] = ("ComfyUI's quantized format holds float8 Linear layers with one scale per layer, in a "
                           f"format this ComfyUI has a layout for (dequantised here: {', '.join(sorted(kinds))})")
@@ -122,7 +125,7 @@ def _own_layer(layer, q: torch.Tensor, scale, p: str) -> tuple[dict, dict | None
 
 def _legacy(model, sd: dict, prefix: str, cast: list[str]) -> tuple[dict, dict]:
     """A core without ``QuantizedTensor``: the scaled-fp8 form (:func:`scaled_fp8.checkpoint_tensors`)."""
-    layers = {}
+    layers, shift = {}, _LoraShift()
     sd = dict(sd)
     for name in cast:
         layer = model.get_model_object(f"diffusion_model.{name}")
@@ -130,6 +133,7 @@ def _legacy(model, sd: dict, prefix: str, cast: list[str]) -> tuple[dict, dict]:
         scale = None
         if fp8_core.is_unmerged_layer(layer) and f"diffusion_model.{name}.weight" in model.patches:
             sd[key], scale = fp8_core.merged_for_saving(layer, model.patches, f"diffusion_model.{name}.weight")
+            shift.add(layer, sd[key], scale, model.patches, f"diffusion_model.{name}.weight")
         elif hasattr(layer, "scale_weight"):
             scale = layer_scale(layer)
         weight = sd.get(key)
@@ -142,13 +146,58 @@ def _legacy(model, sd: dict, prefix: str, cast: list[str]) -> tuple[dict, dict]:
     core_linears = {n for n, m in model.model.diffusion_model.named_modules()
                     if isinstance(m, torch.nn.Linear) and hasattr(m, "comfy_cast_weights")}
     core_linears |= {n for n, layer in layers.items() if layer.linear}
-    return scaled_fp8.checkpoint_tensors(sd, prefix, layers, core_linears)
+    sd, info = scaled_fp8.checkpoint_tensors(sd, prefix, layers, core_linears)
+    return sd, dict(info, **shift.info())
+
+
+class _LoraShift:
+    """How far merging a per-forward (``unmerged``) LoRA and re-quantising moves the saved layers
+    from the live ones: the live layer computes its float8 weight plus the LoRA's change in high
+    precision, the file holds float8(original + change). Sums over the merged layers."""
+
+    def __init__(self):
+        self.layers, self.err, self.live, self.own, self.orig = 0, 0.0, 0.0, 0.0, 0.0
+
+    def add(self, layer, q: torch.Tensor, s, patches: dict, key: str) -> None:
+        import comfy.lora
+        with torch.no_grad():
+            w = layer._mk_original[0].weight.detach().to("cpu", torch.float32, copy=True)
+            change = comfy.lora.calculate_weight(patches[key], w.clone(), key) - w
+            scale = fp8_core.weight_scale(layer) if fp8_core.is_core_layer(layer) else layer_scale(layer)
+            base = fp8.dequantize_weight(fp8_core.storage_tensor(layer).detach().to("cpu"),
+                                         None if scale is None else scale.detach().to("cpu"))
+            live = base + change
+            saved = fp8.dequantize_weight(q.detach().to("cpu"), None if s is None else s.detach().to("cpu"))
+            self.err += float((saved - live).double().pow(2).sum())
+            self.live += float(live.double().pow(2).sum())
+            self.own += float((base - w).double().pow(2).sum())
+            self.orig += float(w.double().pow(2).sum())
+        self.layers += 1
+
+    def info(self) -> dict:
+        """``lora_requantised`` (layers), ``lora_shift`` (RMS of saved − live weights over the
+        live weights' RMS) and ``fp8_own_error`` (the same for FP8's own rounding of those
+        layers' original weights); empty when no LoRA was merged."""
+        if not self.layers:
+            return {}
+        return {"lora_requantised": self.layers, "lora_shift": (self.err / max(self.live, 1e-30)) ** 0.5,
+                "fp8_own_error": (self.own / max(self.orig, 1e-30)) ** 0.5}
+
+
+def _describe_lora(info: dict) -> str:
+    return (f"LoRA: {info['lora_requantised']} float8 layers add a LoRA per forward in the live model; a file holds no "
+            "such patch, so the LoRA was merged into their original weights and the result re-quantised to float8: "
+            f"that moved these layers' weights by {info['lora_shift']:.2%} of their size (FP8's own rounding of them: "
+            f"{info['fp8_own_error']:.2%}), so the reload computes that much farther from the LoRA'd model than the "
+            "live one. To keep the LoRA exact, save before FP8 Layerwise Cast and cast after loading, or apply the "
+            "LoRA to the loaded FP8 model")
 
 
 def describe(info: dict) -> str:
     """One line for Save Sharded's report about :func:`fp8_layers_for_saving`'s ``info``."""
+    lora = ("; " + _describe_lora(info)) if info.get("lora_requantised") else ""
     if info["format"] == "scaled-fp8" or "scaled" in info:
-        return scaled_fp8.describe(info)
+        return scaled_fp8.describe(info) + lora
     parts = []
     if info["core"]:
         where = "per-layer weight_scale + " + ("the file's _quantization_metadata" if info["file_metadata"]
@@ -159,4 +208,4 @@ def describe(info: dict) -> str:
         parts.append(f"{'fp8: ' if not parts else ''}{info['dequantised']} float8 layers dequantised to their "
                      f"original dtype: {info['reason']}")
     parts.append("layers FP8 Layerwise Cast kept stay in their own dtype")
-    return "; ".join(parts)
+    return "; ".join(parts) + lora

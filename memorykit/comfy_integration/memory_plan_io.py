@@ -4,8 +4,8 @@ apply the pick with the code the individual nodes use (FP8 Layerwise Cast's
 and hand a VAE that decodes in the planned tiles (a copy; the input VAE is not changed).
 
 Measured once per server process and cached (:func:`bandwidths`): pinned host→device bandwidth
-(a timed copy, CUDA only), the offload folder's disk read speed (a timed read of a temp file
-written, flushed from the page cache and deleted), sustained matmul throughput. Free VRAM/RAM/disk
+(a timed copy, CUDA only), the offload folder's disk read speed (a timed read of a file with no
+name, flushed from the page cache; nothing is left if the process is killed), sustained matmul throughput. Free VRAM/RAM/disk
 are read on every run (they change between runs).
 """
 from __future__ import annotations
@@ -16,7 +16,6 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 import time
 
 import comfy.model_management as mm
@@ -27,14 +26,17 @@ from .. import memory_plan as mp
 from .. import validation
 from . import placement
 from ..offload_plan import GroupOffloadOptions
+from ..offload_store import disk_read_speed
 from .compat import is_dynamic, patcher_free_memory
 from .fp8_patcher import FP8_ATTACHMENT, fp8_layerwise_cast, model_compute_dtype
+from .gguf_weights import gguf_model_description
 from .offload_patcher import (
     GroupOffloadSettings,
     comfy_block_lists,
-    default_disk_folder,
     prepare_group_offload,
 )
+from .cleanup import usable_disk_folder
+from .model_view import own_module
 
 _log = logging.getLogger("MemoryKit")
 _CACHE: dict[str, dict] = {}
@@ -52,7 +54,12 @@ def _timed(fn, repeat: int = 3) -> float:
 
 
 def _h2d_bandwidth(device: torch.device) -> float:
-    src = torch.empty(PROBE_BYTES, dtype=torch.uint8).pin_memory()
+    """Host→device copy speed as Group Offload streams: from pinned memory, or from pageable
+    memory under ``--disable-pinned-memory`` (then nothing is page-locked)."""
+    from .compat import pinned_memory_disabled
+    src = torch.empty(PROBE_BYTES, dtype=torch.uint8)
+    if not pinned_memory_disabled():
+        src = src.pin_memory()
     dst = torch.empty(PROBE_BYTES, dtype=torch.uint8, device=device)
 
     def copy_():
@@ -62,24 +69,9 @@ def _h2d_bandwidth(device: torch.device) -> float:
 
 
 def _disk_read(folder: str) -> float:
-    """Read speed of ``folder``'s disk: a temp file written, synced, dropped from the page cache
-    (``posix_fadvise DONTNEED`` where it exists), read back, deleted."""
-    fd, path = tempfile.mkstemp(prefix="memorykit-plan-", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(os.urandom(1 << 20) * (PROBE_BYTES >> 20))
-            f.flush()
-            os.fsync(f.fileno())
-
-        def read():
-            with open(path, "rb", buffering=0) as f:
-                if hasattr(os, "posix_fadvise"):
-                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-                while f.read(8 << 20):
-                    pass
-        return PROBE_BYTES / _timed(read, repeat=1)
-    finally:
-        os.unlink(path)
+    """Read speed of ``folder``'s disk (:func:`memorykit.offload_store.disk_read_speed`: a file
+    with no name, so a kill while measuring leaves nothing)."""
+    return disk_read_speed(folder, PROBE_BYTES, lambda fn: _timed(fn, repeat=1))
 
 
 def _flops(device: torch.device) -> float:
@@ -101,11 +93,11 @@ def bandwidths(device, disk_folder: str) -> dict:
     host→device figure is None (no bus to cross). A folder that cannot take the read probe
     (a full or read-only disk) gets :data:`memorykit.memory_plan.DEFAULT_DISK_READ`, not cached."""
     device = torch.device(device)
-    key = f"{device}|{os.path.realpath(disk_folder)}"
+    key = f"{device}|{os.path.realpath(disk_folder) if disk_folder else ''}"
     if key not in _CACHE:
         h2d = _h2d_bandwidth(device) if device.type == "cuda" else None
         try:
-            disk = _disk_read(disk_folder)
+            disk = _disk_read(disk_folder) if disk_folder else mp.DEFAULT_DISK_READ  # no folder: no disk plan
         except OSError as e:
             _log.warning("Memory Plan: cannot measure the disk of %s (%s); assuming %.1f GB/s",
                          disk_folder, e, mp.DEFAULT_DISK_READ / 1e9)
@@ -124,19 +116,30 @@ def _cpu_bytes(patcher) -> int:
 def measure_machine(patcher, disk_folder: str = "") -> mp.Machine:
     """This machine as ComfyUI sees it for ``patcher``'s model: free VRAM (:func:`patcher_free_memory`,
     which counts what dynamic VRAM can evict), RAM free plus what the model already holds in RAM,
-    free disk in the offload folder, and the cached :func:`bandwidths`."""
-    folder = disk_folder or default_disk_folder()
+    free disk in the offload folder (0 when it is unusable: see :func:`_measure`), and the cached
+    :func:`bandwidths`."""
+    return _measure(patcher, disk_folder)[0]
+
+
+def _measure(patcher, disk_folder: str) -> tuple[mp.Machine, str | None]:
+    """:func:`measure_machine` and, when the offload folder is unusable (the one check,
+    :func:`.cleanup.usable_disk_folder`), why: then no disk is planned with."""
     dev = torch.device(patcher.load_device)
+    try:
+        folder, problem = usable_disk_folder(disk_folder), None
+    except RuntimeError as e:  # no disk to plan with; plans in RAM/VRAM are still made
+        folder, problem = None, str(e)
+        _log.warning("Memory Plan: %s", e)
     b = bandwidths(dev, folder)
     gpu = dev.type == "cuda"
     return mp.Machine(
         vram_bytes=patcher_free_memory(patcher, dev) if gpu else 0,
         ram_bytes=int(mm.get_free_memory(torch.device("cpu"))) + _cpu_bytes(patcher),
-        disk_bytes=shutil.disk_usage(folder).free,
+        disk_bytes=shutil.disk_usage(folder).free if folder else 0,
         h2d_bytes_per_s=b["h2d_bytes_per_s"] or mp.DEFAULT_H2D,
         disk_read_bytes_per_s=b["disk_read_bytes_per_s"], flops_per_s=b["flops_per_s"],
         reserve_vram_bytes=int(mm.minimum_inference_memory()) if gpu else 0,
-        dynamic_vram=is_dynamic(patcher), source="measured")
+        dynamic_vram=is_dynamic(patcher), source="measured"), problem
 
 
 def given_machine(vram_gb: float, ram_gb: float, disk_gb: float, dynamic_vram: bool = False) -> mp.Machine:
@@ -209,15 +212,17 @@ def model_figures(patcher, shape: list[int]) -> mp.ModelFigures:
     cast (its ``auto`` skip preset), activations from core's ``memory_required`` for the batch
     core samples (cond + uncond: ``2 × batch``, comfy/sampler_helpers.py), FLOPs ≈ 2 × parameters
     × tokens (latent positions / patch area) × that batch."""
-    dm = patcher.model.diffusion_model
+    dm = own_module(patcher)  # not another loaded clone's patches (FP8 layers) applied to the shared model
     lists = comfy_block_lists(dm)
     batch = 2 * shape[0]
     run_shape = [batch] + list(shape[1:])
     act = _activation_bytes(patcher, run_shape)
     cast = set()
-    if patcher.get_attachment(FP8_ATTACHMENT) is None:  # not through FP8 Layerwise Cast already
+    # not through FP8 Layerwise Cast already, not GGUF (already quantized: FP8 Layerwise Cast refuses it)
+    if patcher.get_attachment(FP8_ATTACHMENT) is None and gguf_model_description(patcher) is None:
         cast = set(fp8.plan_layers(dm, fp8.default_skip_patterns(fp8.detect_family(dm), "auto")).cast)
-    params = sum(p.numel() for p in dm.parameters())
+    # parameters counted by their logical shape (a GGUF weight's tensor_shape; its bytes are counted as stored)
+    params = sum(math.prod(getattr(p, "tensor_shape", p.shape)) for p in dm.parameters())
     tokens = math.prod(shape[2:]) / _patch_area(dm)
     dtype = str(model_compute_dtype(patcher)).replace("torch.", "")
     label = type(patcher.model).__name__
@@ -240,6 +245,10 @@ def plan_tiles(vae, machine: mp.Machine, shape: list[int]) -> tuple[int | None, 
     if len(shape) != vae.latent_dim + 2:
         raise ValueError(f"vae: this VAE ({name}) decodes {vae.latent_dim}-D latents, "
                          f"the latent {shape} has {len(shape) - 2}: connect the VAE made for this model")
+    from .vae_defer import deferral
+    why = deferral(vae, "decode")
+    if why:  # tiles itself, or cannot be tiled from outside: decoded by core's VAE Decode
+        return None, f"VAE: {name} is not tiled by MemoryKit ({why}): decoded by core's VAE Decode, no tiles."
     vs = vae_shape(vae)
     frames = shape[2] if len(shape) == 5 else None
     probe = [1, vs.latent_channels] + ([frames] if frames else []) + [16, 16]
@@ -312,6 +321,8 @@ def apply_plan(model, plan: mp.Plan, disk_folder: str = ""):
         budget = pick.vram_budget_bytes if plan.machine.source == "measured" and plan.machine.gpu else 0
         out, applied["group_offload"] = prepare_group_offload(out, GroupOffloadSettings(
             options=opts, vram_budget_bytes=int(budget), disk_folder=disk_folder))
+        if out is not model:  # a clone of this node's: messages downstream name Memory Plan, the node in the graph
+            out.set_attachments(placement.PLANNED_KEY, pick.name)
     return out, applied
 
 
@@ -328,12 +339,18 @@ def memory_plan(model, vae=None, latent=None, plan_for: str = "this machine", vr
     if placed:  # its candidates (Group Offload to RAM or disk) would be refused at apply
         raise ValueError(f"model: this MODEL comes through {placed}, which already decides where the weights live. "
                          f"Connect Memory Plan to the loader (or LoRA loader) directly, or use {placed} alone.")
-    folder = disk_folder or default_disk_folder()
-    machine = (measure_machine(model, folder) if plan_for == "this machine"
-               else given_machine(vram_gb, ram_gb, disk_gb))
+    machine, disk_problem = (_measure(model, disk_folder) if plan_for == "this machine"
+                             else (given_machine(vram_gb, ram_gb, disk_gb), None))
     shape = latent_shape(latent, model, width, height, frames)
     figures = model_figures(model, shape)
-    plan = mp.make_plan(machine, figures, mp.PlanOptions(allow_fp8=allow_fp8, prefer=prefer))
+    try:
+        plan = mp.make_plan(machine, figures, mp.PlanOptions(allow_fp8=allow_fp8, prefer=prefer))
+    except mp.PlanError as e:
+        if disk_problem:
+            raise mp.PlanError(f"{e} (No disk was planned with: {disk_problem})") from None
+        raise
+    if disk_problem:
+        plan.reasons.insert(0, f"No disk was planned with: {disk_problem}")
     if vae is not None:
         plan.tile_px, sentence = plan_tiles(vae, machine, shape)
         plan.reasons.insert(-1, sentence)

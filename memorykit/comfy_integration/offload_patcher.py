@@ -17,22 +17,31 @@ import dataclasses
 import logging
 import time
 
-import torch
-
 import comfy.model_management as mm
 import comfy.model_patcher
 import comfy.patcher_extension as pe
 import comfy.utils
+import torch
 
-from .. import badge, offload, offload_plan, report
-from . import placement
-from .cleanup import default_disk_folder
+from .. import badge, offload, offload_plan, report, weight_parts
+from . import compat, placement
+from .placement import comfy_block_lists
+from ..units import size_text
+from .cleanup import default_disk_folder, usable_disk_folder
 from .common import loaded_models, weight_dtype_options
-from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram, patcher_free_memory
+from .compat import (
+    OPTED_OUT_NOTE,
+    PAGEABLE_NOTE,
+    is_dynamic,
+    opt_out_of_dynamic_vram,
+    patcher_free_memory,
+)
 from .fp8_patcher import plain_fp8_layers
+from .gguf_weights import is_gguf_patcher, placement_class
+from .model_view import own_module
 
 _log = logging.getLogger("MemoryKit")
-GROUP_OFFLOAD_KEY = "memorykit_group_offload"
+GROUP_OFFLOAD_KEY = placement.GROUP_OFFLOAD_KEY
 _STORE = torch.device("cpu")  # where offloaded weights wait (ComfyUI's offload device is the GPU with --highvram)
 
 
@@ -51,17 +60,26 @@ class GroupOffloadSettings:
 class _OffloadState(placement.Placement):
     """The applied offload (a :class:`placement.Placement`, keyed on settings, patch uuid, device)."""
 
-    def __init__(self, handle, settings, patches_uuid, device, offload_device, backup):
+    memory_path = "MemoryKit group offload"
+
+    def __init__(self, handle, settings, patches_uuid, device, offload_device, backup, parts=None):
         super().__init__((settings, patches_uuid, device))
         self.handle, self.settings, self.patches_uuid = handle, settings, patches_uuid
+        self.parts = parts  # weight_parts.Decomposed: GGUF weights streamed as their raw bytes
         self.device, self.offload_device, self.backup = device, offload_device, backup
         self.last_run: dict | None = None
         self.notes: list[str] = []
+        self.counted_pinned = 0  # page-locked bytes added to core's pinned-memory count
 
     def undo(self, base_model) -> None:
         """Weights back on the offload device with their unpatched values (LoRA backups restored
         as ``ModelPatcher.unpatch_model`` does), weight functions wiped, ComfyUI's load counters reset."""
         offload.remove_group_offload(self.handle)
+        if self.parts is not None:
+            self.parts.restore()
+        compat.count_pinned(-self.counted_pinned)
+        self.counted_pinned = 0
+        placement.fault_point("undo")
         for k, bk in list(self.backup.items()):
             (comfy.utils.copy_to_param if bk.inplace_update else comfy.utils.set_attr_param)(base_model, k, bk.weight)
         self.backup.clear()
@@ -79,23 +97,6 @@ class _OffloadState(placement.Placement):
         base_model.current_weight_patches_uuid = None
 
 
-def comfy_block_lists(diffusion_model: torch.nn.Module) -> offload_plan.BlockLists:
-    """Blocks of a ComfyUI diffusion model: diffusers' rule, except that the elements of a
-    ``TimestepEmbedSequential`` (SD/SDXL UNets) are the blocks, because ComfyUI's
-    ``forward_timestep_embed`` calls those layers directly and never the container's forward."""
-    from comfy.ldm.modules.diffusionmodules.openaimodel import TimestepEmbedSequential
-    out = []
-    for name, lists in offload_plan.default_block_lists(diffusion_model):
-        items = []
-        for qn, b in lists:
-            if isinstance(b, TimestepEmbedSequential):
-                items += [(f"{qn}.{j}", layer) for j, layer in enumerate(b)]
-            else:
-                items.append((qn, b))
-        out.append((name, items))
-    return out
-
-
 def _offload_state(base_model) -> _OffloadState | None:
     p = placement.applied(base_model)
     return p if isinstance(p, _OffloadState) else None
@@ -106,8 +107,9 @@ def group_offload_applied(base_model) -> bool:
     return _offload_state(base_model) is not None
 
 
-class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
-    """ModelPatcher that loads its diffusion model group-offloaded (see the section comment)."""
+class GroupOffloadModelPatcher(placement.PlacementPatcher, comfy.model_patcher.ModelPatcher):
+    """ModelPatcher that loads its diffusion model group-offloaded (see the section comment); its
+    load/unload/detach lifecycle is :class:`placement.PlacementPatcher`."""
 
     def _offload_settings(self, device_to, force_patch_weights=False):
         s = self.get_attachment(GROUP_OFFLOAD_KEY)
@@ -117,55 +119,57 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
             return None  # computing on the CPU from CPU RAM: nothing to offload
         return s
 
-    def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
-        s = self._offload_settings(device_to, force_patch_weights)
-        if s is None:
-            if placement.applied(self.model) is not None:
-                self.unpatch_model(self.offload_device, unpatch_weights=True)
-            return super().partially_load(device_to, extra_memory, force_patch_weights)
-        if placement.reuse(self, (s, self.patches_uuid, torch.device(device_to)), _OffloadState):
-            return 0
-        with self.use_ejected(skip_and_inject_on_exit_only=True):
-            before = self.model.model_loaded_weight_memory
-            self.unpatch_model(_STORE, unpatch_weights=True)
-            self.patch_model(load_weights=False)
-            try:
-                self._apply_group_offload(torch.device(device_to), s, extra_memory)
-            except BaseException:
-                self.detach()
-                raise
-        return max(0, self.model.model_loaded_weight_memory - before)
+    _placement_kind = _OffloadState
 
-    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
-        s = self._offload_settings(device_to, force_patch_weights)
-        if s is None:
-            return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
-        with self.use_ejected():
-            self.unpatch_model(_STORE, unpatch_weights=True)
-            self._apply_group_offload(torch.device(device_to), s, lowvram_model_memory or 1e32)
+    def _placement_plan(self, device_to, force_patch_weights):
+        return self._offload_settings(device_to, force_patch_weights)
 
-    def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
-        if placement.applied(self.model) is not None:
-            return 0  # ComfyUI then unloads the model completely (LoadedModel.model_unload)
-        return super().partially_unload(device_to, memory_to_free, force_patch_weights)
+    def _placement_key(self, plan, device_to) -> tuple:
+        return (plan, self.patches_uuid, torch.device(device_to))
 
-    def unpatch_model(self, device_to=None, unpatch_weights=True):
-        if unpatch_weights:
-            placement.remove(self.model)
-        return super().unpatch_model(device_to, unpatch_weights)
+    def _placement_store(self):
+        return _STORE
 
-    def is_clone(self, other):
-        # load_models_gpu is about to load this patcher and detach `other` with unpatch_all=False:
-        # this patcher's partially_load reuses or replaces the placement, so that detach may keep it.
-        same = super().is_clone(other)
-        if same:
-            placement.mark_handover(self, other)
-        return same
-
-    def detach(self, unpatch_all=True):
-        return super().detach(placement.detach_unpatch_all(self, unpatch_all))
+    def _apply_placement(self, device_to, plan, memory, force_patch_weights) -> None:
+        self._apply_group_offload(torch.device(device_to), plan, memory)
 
     def _apply_group_offload(self, device_to, s: GroupOffloadSettings, extra_memory) -> None:
+        self._finalize_weights(device_to)
+        dm = self.model.diffusion_model
+        for child in self.model.children():
+            if child is not dm:
+                child.to(device_to)
+        opts, notes, budget = self._run_options(device_to, s, extra_memory)
+        parts = weight_parts.decompose(dm)  # GGUF weights: their raw bytes stream, rebuilt at forward
+        try:
+            handle = offload.apply_group_offload(
+                dm, device_to, _STORE, options=opts, budget_bytes=budget,
+                block_lists=comfy_block_lists(dm),
+                disk_folder=usable_disk_folder(s.disk_folder) if opts.offload_to == "disk" else default_disk_folder(),
+                disk_tag=f"{type(self.model).__name__}-{str(self.patches_uuid)[:8]}")
+        except BaseException:
+            parts.restore()
+            raise
+        if parts:
+            notes.append(", ".join(f"{n} {k} weights" for k, n in parts.kinds.items())
+                         + " streamed as stored (quantized bytes, dequantised by their layers at forward)")
+        if handle.plan.below_minimum:
+            notes.append(f"budget {size_text(budget)} is below the minimum footprint: everything streams")
+        st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup, parts)
+        st.notes += notes
+        st.counted_pinned = offload.page_locked_bytes(handle)
+        compat.count_pinned(st.counted_pinned)  # core's pin budget sees the ring's page-locked host memory
+        placement.install(self, st)
+        plan = handle.plan
+        _log.info("Group Offload: %s resident %.2f GiB, streamed %.2f GiB (%s), footprint %.2f GiB",
+                  type(self.model).__name__, plan.resident_bytes / 2**30, plan.streamed_bytes / 2**30,
+                  opts.offload_to, plan.footprint_bytes / 2**30)
+        self._mark_loaded(device_to, plan.footprint_bytes, plan.buffer_bytes)
+
+    def _finalize_weights(self, device_to) -> None:
+        """Weights final before streaming: LoRA patches computed on the load device (as
+        ModelPatcher.load does) and stored back on the offload device; ComfyUI's per-forward
+        weight functions moved to the load device."""
         if self.hook_patches:
             raise RuntimeError("Group Offload cannot stream weights that ComfyUI hooks change during sampling "
                                "(Create Hook LoRA / Set Model Hooks). Use LoraLoader before or after Group "
@@ -191,60 +195,56 @@ class GroupOffloadModelPatcher(comfy.model_patcher.ModelPatcher):
                 if wrappers:
                     setattr(m, f"{kind}_function", list(getattr(m, f"{kind}_function", None) or []) + wrappers)
             comfy.model_patcher.move_weight_functions(m, device_to)
-        dm = self.model.diffusion_model
-        for child in self.model.children():
-            if child is not dm:
-                child.to(device_to)
+
+    def _run_options(self, device_to, s: GroupOffloadSettings, extra_memory):
+        """``(options, notes, budget bytes or None)`` for applying ``s`` on ``device_to``."""
         opts, notes = s.options, []
         if device_to.type == "cpu" and opts.use_stream:
             opts = dataclasses.replace(opts, use_stream=False, record_stream=False)
             notes.append("use_stream/record_stream ignored: computing on the CPU")
         opts = dataclasses.replace(opts, exclude_kwargs=("transformer_options",))
+        if compat.pinned_memory_disabled():
+            opts = dataclasses.replace(opts, page_lock=False)
+            if device_to.type == "cuda":
+                notes.append(PAGEABLE_NOTE)
         budget = s.vram_budget_bytes or None
         if budget is None and device_to.type != "cpu":
             budget = patcher_free_memory(self, device_to) - mm.minimum_inference_memory()
             budget = max(0, int(min(budget, extra_memory)))
-        handle = offload.apply_group_offload(
-            dm, device_to, store, options=opts, budget_bytes=budget,
-            block_lists=comfy_block_lists(dm), disk_folder=s.disk_folder or default_disk_folder(),
-            disk_tag=f"{type(self.model).__name__}-{str(self.patches_uuid)[:8]}")
-        if handle.plan.below_minimum:
-            notes.append(f"budget {budget / 2**30:.2f} GiB is below the minimum footprint: everything streams")
-        st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup)
-        st.notes += notes
-        placement.install(self, st)
-        plan = handle.plan
-        self.model.model_loaded_weight_memory = plan.footprint_bytes
-        self.model.model_offload_buffer_memory = plan.buffer_bytes
+        return opts, notes, budget
+
+    def _mark_loaded(self, device_to, footprint_bytes: int, buffer_bytes: int) -> None:
+        """ComfyUI's load bookkeeping for the applied offload, ON_LOAD callbacks, forced hooks."""
+        self.model.model_loaded_weight_memory = footprint_bytes
+        self.model.model_offload_buffer_memory = buffer_bytes
         self.model.model_lowvram = True  # partly on the device; ModelPatcher.unpatch_model then wipes weight functions
         self.model.lowvram_patch_counter = 0
         self.model.device = device_to
         self.model.current_weight_patches_uuid = self.patches_uuid
-        _log.info("Group Offload: %s resident %.2f GiB, streamed %.2f GiB (%s), footprint %.2f GiB",
-                  type(self.model).__name__, plan.resident_bytes / 2**30, plan.streamed_bytes / 2**30,
-                  opts.offload_to, plan.footprint_bytes / 2**30)
         for callback in self.get_all_callbacks(pe.CallbacksMP.ON_LOAD):
-            callback(self, device_to, plan.footprint_bytes, False, False)
+            callback(self, device_to, footprint_bytes, False, False)
         self.apply_hooks(self.forced_hooks, force_apply=True)
 
 
 def _standard_clone(model):
-    """A clone of ``model`` managed by core's standard ModelPatcher (opted out of dynamic VRAM
-    without a second copy, see :func:`compat.opt_out_of_dynamic_vram`).
+    """A clone of ``model`` managed by core's standard ModelPatcher or ComfyUI-GGUF's (opted out of
+    dynamic VRAM without a second copy, see :func:`compat.opt_out_of_dynamic_vram`).
 
     Raises RuntimeError when another node pack's patcher class manages the model (its own load
-    logic would conflict with offloading) or when the MODEL has no diffusion model; ValueError
+    logic would conflict with offloading; GGUF's is composed with the offload, see
+    :func:`gguf_weights.placement_class`) or when the MODEL has no diffusion model; ValueError
     when it comes through Balanced Device Map (both decide where the weights live).
     """
-    from .device_map_patcher import DEVICE_MAP_ATTACHMENT  # imports this module
-    if model.get_attachment(DEVICE_MAP_ATTACHMENT) is not None:
+    if model.get_attachment(placement.DEVICE_MAP_ATTACHMENT) is not None:
         raise ValueError("Group Offload: this MODEL comes through Balanced Device Map, and both nodes decide where "
                          "the weights live. Connect Group Offload to the loader (or LoRA loader) directly, or use "
                          "Balanced Device Map alone.")
     n = opt_out_of_dynamic_vram(model, "Group Offload")
-    if type(n) not in (comfy.model_patcher.ModelPatcher, GroupOffloadModelPatcher):
-        raise RuntimeError(f"Group Offload needs a model managed by ComfyUI's standard ModelPatcher; this MODEL "
-                           f"uses {type(n).__name__} (from another custom node). Load it with a core loader.")
+    if not (type(n) is comfy.model_patcher.ModelPatcher or isinstance(n, GroupOffloadModelPatcher)
+            or is_gguf_patcher(n)):
+        raise RuntimeError(f"Group Offload needs a model managed by ComfyUI's standard ModelPatcher or ComfyUI-GGUF's "
+                           f"GGUFModelPatcher; this MODEL uses {type(n).__name__} (from another custom node). Load "
+                           "it with a core loader or a GGUF loader.")
     if not isinstance(getattr(n.model, "diffusion_model", None), torch.nn.Module):
         raise RuntimeError("Group Offload takes a diffusion model (MODEL from a checkpoint or diffusion-model loader).")
     return n
@@ -253,6 +253,7 @@ def _standard_clone(model):
 def _options_info(s: GroupOffloadSettings) -> dict:
     o = dataclasses.asdict(s.options)
     o.pop("exclude_kwargs", None)
+    o.pop("page_lock", None)  # not a node option: follows --disable-pinned-memory (the notes say so)
     return o
 
 
@@ -276,14 +277,16 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
         _log.warning("Group Offload: %s; the model is passed through unchanged.", reason)
         return model, {"status": "passthrough", "reason": reason, "options": _options_info(settings)}
     if settings.options.offload_to == "disk":
-        offload.check_disk_folder(settings.disk_folder or default_disk_folder())
+        usable_disk_folder(settings.disk_folder)
     n = _standard_clone(model)
     plain_fp8_layers(n, "Group Offload")  # core's QuantizedTensor layers → plain float8 tensors
-    n.__class__ = GroupOffloadModelPatcher  # same object layout; how ComfyUI-GGUF makes its patcher from a clone
+    if not isinstance(n, GroupOffloadModelPatcher):  # same object layout; how ComfyUI-GGUF makes its patcher from a clone
+        n.__class__ = (GroupOffloadModelPatcher if type(n) is comfy.model_patcher.ModelPatcher
+                       else placement_class(GroupOffloadModelPatcher, type(n)))  # over GGUFModelPatcher
     n.set_attachments(GROUP_OFFLOAD_KEY, settings)
     n.remove_wrappers_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY)
     n.add_wrapper_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY, _group_offload_outer_sample)
-    dm = n.model.diffusion_model
+    dm = own_module(n)  # the preview sizes this MODEL's modules, not another loaded clone's patches
     budget = _preview_budget(n, settings)
     opts = settings.options
     if torch.device(n.load_device).type == "cpu":
@@ -292,8 +295,10 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
     info = {"status": "planned (applied when sampling loads the model)", "options": _options_info(settings),
             "disk_folder": settings.disk_folder or default_disk_folder(), "plan": preview.as_dict(),
             "model_bytes": n.model_size()}
-    if is_dynamic(model):
-        info["notes"] = [OPTED_OUT_NOTE]
+    info["notes"] = [OPTED_OUT_NOTE] if is_dynamic(model) else []
+    if compat.pinned_memory_disabled() and torch.device(n.load_device).type == "cuda":
+        dataclasses.replace(opts, page_lock=False).validate()  # diffusers' stream path would pin: refused
+        info["notes"].append(PAGEABLE_NOTE)
     return n, info
 
 

@@ -11,6 +11,7 @@ import torch
 from .. import tiled_vae as tv
 from ..global_context import GlobalContextMismatch
 from ..norm_stats import SharedGroupNormStats
+from ..units import size_text
 from . import vae_context
 from .compat import patcher_free_memory
 from .vae_blend import blend_rule
@@ -58,7 +59,8 @@ def vae_shape(vae, direction: str = "decode") -> tv.VAEShape:
         causal = False
     else:
         raise ValueError(f"{type(vae.first_stage_model).__name__}: unsupported time mapping "
-                         f"({[up(n) for n in (1, 2, 3)]} frames for 1..3 latent frames)")
+                         f"({[up(n) for n in (1, 2, 3)]} frames for 1..3 latent frames): Tiled VAE cannot "
+                         "cut this VAE's video into tiles; use ComfyUI's VAE Decode/Encode (Tiled) for it")
     return tv.VAEShape(int(vae.latent_channels), spatial, k, causal, time_mode(vae, direction) != "tiles")
 
 
@@ -107,7 +109,7 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
     weights = vae.model_size() if on_gpu else 0
     if opts.memory_budget_gb > 0 and opts.memory_budget_gb * 2 ** 30 <= weights:
         raise ValueError(f"memory_budget_gb {opts.memory_budget_gb} GiB does not even hold the VAE's weights "
-                         f"({weights / 2 ** 30:.2f} GiB); raise it or set 0 (use the free memory)")
+                         f"({size_text(weights)}); raise it or set 0 (use the free memory)")
     modelled = tv.TileCost(0.0, cost_model(plan.tile_shape[0] if shape.video else 1, s), "modelled")
     units = lambda p: p.tile_shape[-1] * p.tile_shape[-2]
     # Ask the memory manager for one tile (capped: a huge tile_size must not push the VAE itself
@@ -135,12 +137,12 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
             replay = norm.replaying
         cost = tv.measure_tile_cost(fn, probe, vae.device, sides=probe_sides, context=replay)
     grid_hw = plan.grid_shape[-2:]
-    min_tile = opts.overlap_px // s + 1
+    min_tile = max(tv.MIN_TILE_UNITS, opts.overlap_px // s + 1)
     t = tv.fit_tile(grid_hw, cost, budget, max(1, opts.tile_px // s), min_tile)
     if t is None:
-        raise ValueError(f"memory budget ({budget / 2 ** 30:.2f} GiB besides the VAE's weights, from {budget_source}) is "
+        raise ValueError(f"memory budget ({size_text(budget)} besides the VAE's weights, from {budget_source}) is "
                          f"too small for the smallest tile ({min_tile * s} px, about "
-                         f"{cost.bytes_for(min_tile ** 2) / 2 ** 30:.2f} GiB): raise memory_budget_gb or lower overlap")
+                         f"{size_text(cost.bytes_for(min_tile ** 2))}): raise memory_budget_gb or lower overlap")
     tile_px = t * s if t * s < opts.tile_px and t < max(grid_hw) else opts.tile_px
     if tile_px != opts.tile_px:
         plan = tv.make_plan(shape, direction, dims, tile_px, opts.overlap_px, *args)

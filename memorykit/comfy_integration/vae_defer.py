@@ -6,6 +6,8 @@ import time
 
 import torch
 
+from . import compat
+
 
 def deferral(vae, direction: str) -> str | None:
     """Why ``vae`` is not tiled from outside in ``direction`` (then :func:`run_deferred` runs VAE
@@ -18,14 +20,29 @@ def deferral(vae, direction: str) -> str | None:
       tile gets other noise than its region of the whole frame — tiled decodes disagree with
       the untiled one by more than its own variation (zoo, 0.33.0: ours 1.21, core's VAE Decode
       (Tiled) 1.26; seed 0 vs seed 1 untiled: 1.29; the tile's stage-1..4 context alone 0.004).
-      Its encoder is LTX-Video's and tiles."""
+      Its encoder is LTX-Video's and tiles;
+    - a video VAE whose frame mapping is neither n ↦ k·(n−1)+1 nor n ↦ k·n (so tiles in time cannot
+      be placed) and whose model runs time frame by frame itself (``compat.core_model_carries_time``):
+      MiniMax-H3's light VAE (a TAEHV, 5 latent frames ↔ 17 frames). Other VAEs with such a
+      mapping are refused by ``tiled_vae_io.vae_shape``."""
     if getattr(vae, "handles_tiling", False):
         return "the VAE's own tiling (handles_tiling)"
     m = vae.first_stage_model
+    if getattr(vae, "latent_dim", 2) == 3 and not _placeable_time(vae) and compat.core_model_carries_time(m):
+        up = vae.upscale_ratio[0]
+        return (f"{type(m).__name__} maps latent frames to {[up(n) for n in (1, 2, 3)]} frames (1..3 latent frames), "
+                "which tiles in time cannot follow, and runs time frame by frame itself: VAE Decode/Encode runs it")
     if direction == "decode" and type(m).__name__ == "CausalDiffusionVAE" and type(m).__module__.endswith("na_diffusion_decoder"):
         return ("VAE Decode: LTX 2.4's diffusion decoder draws its noise for the whole frame; "
                 "a tile would get other noise (tiled decodes differ from VAE Decode by more than the image varies)")
     return None
+
+
+def _placeable_time(vae) -> bool:
+    """True when the VAE maps n latent frames to k·(n−1)+1 or k·n frames (what tiles in time follow)."""
+    k = int(vae.upscale_index_formula[0]) if vae.upscale_index_formula else vae.temporal_compression_decode()
+    up = vae.upscale_ratio[0]
+    return all(up(n) == k * (n - 1) + 1 for n in (1, 2, 3)) or all(up(n) == k * n for n in (1, 2, 3))
 
 
 def run_deferred(vae, direction: str, x: torch.Tensor, why: str = "the VAE's own tiling (handles_tiling)") -> tuple[torch.Tensor, dict]:

@@ -48,3 +48,28 @@ def memory_module():
     import importlib
     technique_package()
     return importlib.import_module("memorykit_tech.memory")
+
+
+def comfyui_version() -> str:
+    """``__version__`` of the ComfyUI tree (:func:`comfyui_path`), read from its
+    ``comfyui_version.py`` without importing it; ``""`` when it cannot be read."""
+    import re
+    try:
+        text = (comfyui_path() / "comfyui_version.py").read_text(encoding="utf-8")
+    except (OSError, FileNotFoundError):
+        return ""
+    m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", text)
+    return m.group(1) if m else ""
+
+
+def comfyui_version_tuple() -> tuple[int, ...]:
+    """:func:`comfyui_version` as numbers (``(0, 33, 0)``); ``(0,)`` when it cannot be read."""
+    import re
+    return tuple(int(x) for x in re.findall(r"\d+", comfyui_version())[:3]) or (0,)
+
+
+def one_version_only() -> bool:
+    """True on the newest tested ComfyUI (0.33+) only: a check that cannot differ between the tested
+    ComfyUI versions (technique code, plain files) runs once, on the 0.33 suite (CI time). The same
+    rule as the ``core_independent`` marker (tests/conftest.py)."""
+    return comfyui_version_tuple() >= (0, 33)
