@@ -31,6 +31,10 @@ CASES = {  # photo → (tile, overlap, encode too, floors: photo, decode ours, e
     "coffee 384×576": (256, 32, False, (28.0, 40.0, None, None)),
     "astronaut 1024²": (256, 64, False, (33.0, 43.0, None, None)),
 }
+# Core's tiled decode is compared on the two smaller photos; at 1024² its three averaged tilings
+# took about 200 of the case's 274 CPU seconds (27.2 dB there, docs/tiled-vae.md), so the suite
+# checks only ours against untiled at that size (all three with MEMORYKIT_REAL_OUT, for the docs).
+WITH_CORE = {"astronaut 512²", "coffee 384×576"}
 DECODE_MARGIN = 10.0
 
 
@@ -74,7 +78,8 @@ def test_taef2_on_real_photographs(taef2, name):
     tile, overlap, encode, (f_photo, f_dec, f_enc, f_enc_core) = CASES[name]
     t0 = _cpu_seconds()
     first = name == next(iter(CASES))  # core's own VAE object once (it stops early there)
-    fig = real_content.taef2_figures(taef2, real_content.photo(name), tile, overlap, encode=encode, core_as_is=first)
+    fig = real_content.taef2_figures(taef2, real_content.photo(name), tile, overlap, encode=encode, core_as_is=first,
+                                     with_core=name in WITH_CORE or bool(os.environ.get("MEMORYKIT_REAL_OUT")))
     fig["cpu_seconds"] = round(_cpu_seconds() - t0, 1)
     _keep(name, dict(fig, name=name))
     fig.pop("images")
@@ -82,7 +87,8 @@ def test_taef2_on_real_photographs(taef2, name):
     assert fig["tiles"] > 1 and "ratio of 8" in fig["core_ratio_note"]
     assert fig["untiled_vs_photo_db"] >= f_photo
     assert fig["decode_ours_db"] >= f_dec
-    assert fig["decode_ours_db"] >= fig["decode_core_db"] + DECODE_MARGIN
+    if fig["decode_core_db"] is not None:
+        assert fig["decode_ours_db"] >= fig["decode_core_db"] + DECODE_MARGIN
     if first:  # core's VAE Decode (Tiled) with core's VAE object (ratio 8) fails or is wrong
         as_is = fig["core_as_is_decode"]
         assert "Error" in as_is or "instead of" in as_is or float(as_is.split(", ")[1].split(" dB")[0]) < 25, as_is

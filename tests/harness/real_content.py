@@ -99,13 +99,14 @@ def core_vae(vae):
 
 
 def taef2_figures(vae, image: torch.Tensor, tile: int, overlap: int, encode: bool = True,
-                  core_as_is: bool = False) -> dict:
+                  core_as_is: bool = False, with_core: bool = True) -> dict:
     """TAEF2 on ``image`` at ``tile``/``overlap`` px: PSNR (dB) of untiled encode → decode vs the
     photo; decode (of the untiled latent) and encode, Tiled VAE and core's tiled nodes (with the
     true ratio, :func:`core_vae`) vs untiled — images against peak 1, latents against the untiled
     latent's range; seconds of each. ``core_as_is``: also core's VAE Decode (Tiled) with core's
     own VAE object (its error, or its PSNR); ``encode`` False: the tiled encodes are skipped
-    (their figures are None). Returns the figures and, under ``"images"``, the
+    (their figures are None); ``with_core`` False: core's tiled decode is skipped too (its figure
+    is None; it is most of a large image's time). Returns the figures and, under ``"images"``, the
     photo, untiled, ours and core's decodes (``[H, W, 3]``) for the picture."""
     import nodes
     from comfyui_memorykit.memorykit import comfy_integration as ci
@@ -122,7 +123,8 @@ def taef2_figures(vae, image: torch.Tensor, tile: int, overlap: int, encode: boo
         z = timed("encode untiled", lambda: vae.encode(image))
         ref = timed("decode untiled", lambda: vae.decode(z))
         ours, info = timed("decode ours", lambda: ci.tiled_vae_decode(vae, z, opts))
-        core = timed("decode core", lambda: nodes.VAEDecodeTiled().decode(fixed, {"samples": z}, tile, overlap)[0])
+        core = (timed("decode core", lambda: nodes.VAEDecodeTiled().decode(fixed, {"samples": z}, tile, overlap)[0])
+                if with_core else ref)
         z_ours, enc_info, z_core = z, {"tiles_per_item": None}, z
         if encode:
             z_ours, enc_info = timed("encode ours", lambda: ci.tiled_vae_encode(vae, image, opts))
@@ -138,7 +140,8 @@ def taef2_figures(vae, image: torch.Tensor, tile: int, overlap: int, encode: boo
     assert ours.shape == ref.shape == core.shape and z_ours.shape == z.shape == z_core.shape
     fig = {"size": list(image.shape[1:3]), "tile": tile, "overlap": overlap,
            "untiled_vs_photo_db": round(psnr(ref, image), 2),
-           "decode_ours_db": round(psnr(ours, ref), 2), "decode_core_db": round(psnr(core, ref), 2),
+           "decode_ours_db": round(psnr(ours, ref), 2),
+           "decode_core_db": round(psnr(core, ref), 2) if with_core else None,
            "encode_ours_db": round(psnr(z_ours, z), 2) if encode else None,
            "encode_core_db": round(psnr(z_core, z), 2) if encode else None,
            "tiles": info["tiles_per_item"], "encode_tiles": enc_info["tiles_per_item"],
