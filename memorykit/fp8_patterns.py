@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import validation, weight_parts
+from . import validation, stored_parts
 
 CASTABLE_TYPES = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 HIGH_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
@@ -206,8 +206,8 @@ def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str
             continue
         if not isinstance(m, CASTABLE_TYPES):
             w = m._parameters.get("weight")
-            if w is not None and weight_parts.is_quantized(w):  # core's quantized layers are no nn.Linear
-                plan.kept[name] = f"already quantised ({weight_parts.describe(w)}): left as stored"
+            if w is not None and stored_parts.is_quantized(w):  # core's quantized layers are no nn.Linear
+                plan.kept[name] = f"already quantised ({stored_parts.describe(w)}): left as stored"
             continue
         why = next((w for search, w in compiled if search(name)), None)
         if why is None:

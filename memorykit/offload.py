@@ -31,7 +31,7 @@ import weakref
 import torch
 from torch import nn
 
-from . import leftovers, weight_parts
+from . import leftovers, stored_parts
 from .units import size_text
 from .offload_plan import (BlockLists, GroupOffloadOptions, OffloadPlan, default_block_lists, group_tensors,
                            module_tensors, plan_offload, stream_groups)
@@ -182,7 +182,7 @@ def apply_group_offload(module: nn.Module, onload_device: str | torch.device,
     marker = module.__dict__.get(_MARK)
     if (marker is not None and marker() is not None) or _collect_groups(module):
         raise ValueError(f"{type(module).__name__} already has group offloading applied; remove it first")
-    if not options.event_ring and any(not weight_parts.is_plain(t) for t in module.parameters()):
+    if not options.event_ring and any(not stored_parts.is_plain(t) for t in module.parameters()):
         raise ValueError("scheduler='diffusers' streams plain tensors only and this model holds quantized weights "
                          "(fp8_scaled / GGUF): choose scheduler 'memorykit', which streams their stored bytes")
     lists = default_block_lists(module) if block_lists is None else block_lists

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from . import weight_parts
+from . import stored_parts
 
 OFFLOAD_TYPES = ("block_level", "leaf_level")
 OFFLOAD_TARGETS = ("cpu", "disk")
@@ -99,8 +99,8 @@ class GroupOffloadOptions:
 
 def tensor_bytes(tensors) -> int:
     """Total stored bytes of distinct tensors (each counted once, by identity; a quantized
-    weight counts its stored parts, see :mod:`memorykit.weight_parts`)."""
-    return sum(t.numel() * t.element_size() for t in weight_parts.expand(tensors))
+    weight counts its stored parts, see :mod:`memorykit.stored_parts`)."""
+    return sum(t.numel() * t.element_size() for t in stored_parts.expand(tensors))
 
 
 def packed_layout(tensors) -> tuple[list[int], int]:
@@ -117,9 +117,9 @@ def packed_layout(tensors) -> tuple[list[int], int]:
 def module_tensors(module: nn.Module) -> list[torch.Tensor]:
     """Every parameter and buffer of ``module`` (recursively), shared ones once, as the plain
     tensors that store them: a quantized weight is its parts (fp8 data, scales; see
-    :mod:`memorykit.weight_parts`), so what is placed, streamed and counted is the stored bytes.
-    Raises :class:`memorykit.weight_parts.UnsupportedWeight` for a weight of an unknown kind."""
-    return weight_parts.expand(list(module.parameters()) + list(module.buffers()))
+    :mod:`memorykit.stored_parts`), so what is placed, streamed and counted is the stored bytes.
+    Raises :class:`memorykit.stored_parts.UnsupportedWeight` for a weight of an unknown kind."""
+    return stored_parts.expand(list(module.parameters()) + list(module.buffers()))
 
 
 def block_parents(module: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -365,7 +365,7 @@ def group_tensors(groups: list[list[nn.Module]], root: nn.Module | None = None) 
         inside = {id(m) for mods in groups for top in mods for m in top.modules()}
         for m in root.modules():
             if id(m) not in inside:
-                for t in weight_parts.expand(list(m.parameters(recurse=False)) + list(m.buffers(recurse=False))):
+                for t in stored_parts.expand(list(m.parameters(recurse=False)) + list(m.buffers(recurse=False))):
                     count[id(t)] = count.get(id(t), 0) + 2
     return [[t for t in ts if count[id(t)] == 1] for ts in per]
 

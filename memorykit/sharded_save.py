@@ -2,8 +2,9 @@
 
 Shard plan and file names come from ``huggingface_hub.split_torch_state_dict_into_shards``
 (greedy in key order, ``max_shard_size`` in decimal units: "5GB" = 5·10⁹ bytes; a tensor
-bigger than the limit gets a shard of its own). Each shard is written with
-``safetensors.torch.save_file`` and the index as ``{"metadata": {"total_size": N, ...},
+bigger than the limit gets a shard of its own). Each shard is a standard safetensors file
+written by :func:`aligned_safetensors.save_file` (every tensor's data 16/64-byte aligned, so a
+weight loaded from the memory-mapped shard computes the same bits as in memory) and the index as ``{"metadata": {"total_size": N, ...},
 "weight_map": {tensor: file}}`` -- the recipe huggingface_hub documents for
 ``split_torch_state_dict_into_shards``. ``save_torch_state_dict`` itself is not called
 because it has no per-shard hook (the progress bar counts shards; an interrupt between shards
@@ -163,7 +164,8 @@ def save_sharded(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike,
     marker ``safe_files.SAVE_MARKER`` listing its files (what a later overwrite may replace).
     """
     from huggingface_hub import split_torch_state_dict_into_shards
-    from safetensors.torch import save_file
+
+    from .aligned_safetensors import save_file
 
     folder = Path(folder)
     limit = parse_size(max_shard_size)

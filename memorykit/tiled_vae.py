@@ -369,4 +369,6 @@ def format_info(info: dict) -> str:
         (f"budget {info['memory_budget_bytes'] / gib:.2f} GiB ({info['budget_source']}), tile ≈ "
          f"{info['tile_bytes_estimate'] / gib:.3f} GiB ({info['cost_source']}); {info['seconds']} s"),
     ]
+    if info.get("core_ratio_note"):
+        lines.append(info["core_ratio_note"])
     return "\n".join(lines)

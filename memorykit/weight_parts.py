@@ -1,198 +1,143 @@
-"""A weight as the plain tensors that store it, and back: the one rule every placement uses.
+"""Weights that are tensor subclasses, seen as plain tensors by the placement engines.
 
-Checkpoints users download hold weights that are not plain tensors: core's quantized weights
-(``comfy.quant_ops.QuantizedTensor``: float8 data + a scale, a tensor *wrapper* subclass) and
-GGUF weights (city96/ComfyUI-GGUF's ``GGMLTensor``). Group Offload and Balanced Device Map move
-bytes; they must move the bytes as stored (fp8 data and scales, GGUF blocks), never a
-dequantised copy. This module says, for any weight ``w``:
+The event ring (:mod:`memorykit.offload_stream`) and the device map (accelerate, through
+:mod:`memorykit.device_dispatch`) move weights by swapping ``tensor.data`` or by rebuilding a
+``Parameter`` of the tensor's class: both need plain tensors. A quantized weight of another
+library (e.g. GGUF's ``GGMLTensor``: the raw quantized bytes, its quantization type and logical
+shape, dequantised by its layer at forward time) is a subclass with metadata. Here such a weight
+is *decomposed* for the time a placement is applied:
 
-- :func:`parts` — the plain tensors holding ``w``'s stored bytes, as the very objects ``w``
-  holds: setting ``part.data`` (a ring view, a disk view, a copy on another device) changes
-  what ``w`` reads, in place, without rebuilding ``w``. A plain tensor is its own only part.
-- :func:`rebuild` — a new weight of ``w``'s kind over other tensors (same order and meaning as
-  ``parts(w)``), e.g. the same parts moved to another device.
-- :func:`stored_nbytes` — the bytes ``w`` stores (sum of its parts), not ``numel × element_size``
-  of its logical dtype.
+- the module's parameter becomes a plain ``Parameter`` holding the stored bytes (same name,
+  same storage: what the engines stream is what is stored, never a dequantised copy);
+- the module's class becomes a subclass whose ``forward`` rebuilds the original tensor type
+  around the current plain tensor (wherever the engine has put it: a ring region, the GPU, the
+  host) for the duration of the forward, so the layer computes exactly as before;
+- :meth:`Decomposed.restore` puts the original tensor objects back (with their metadata, e.g.
+  LoRA patches) holding the plain tensors' current data, and the original classes.
 
-Kinds are handled by adapters (:class:`WeightAdapter`), asked in registration order, newest
-first. Built in: :class:`FlattenAdapter`, torch's tensor-subclass protocol
-(``__tensor_flatten__`` / ``__tensor_unflatten__``, which core's ``QuantizedTensor`` implements,
-as do torchao's quantized tensors), applied recursively to inner tensors. A weight no adapter
-takes raises :class:`UnsupportedWeight` (a TypeError) naming its type.
-
-Another kind (GGUF's ``GGMLTensor``, a plain-storage subclass carrying ``tensor_type`` /
-``tensor_shape`` / ``patches``) registers an adapter once, at import of the module that knows
-the kind::
-
-    class GGMLAdapter(weight_parts.WeightAdapter):
-        name = "GGUF"
-        def matches(self, t): return isinstance(t, GGMLTensor)
-        def parts(self, t): return [t]          # its storage is the stored bytes
-        def rebuild(self, t, parts): ...        # GGMLTensor(parts[0], tensor_type=t.tensor_type, ...)
-    weight_parts.register(GGMLAdapter())
-
-Plain torch only; no ComfyUI here.
+A :class:`Codec` says how one kind of subclass is split and rebuilt; the integration layer
+registers the codecs (:func:`register`). Plain torch; nothing of ComfyUI here.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
-
-__all__ = ["WeightAdapter", "FlattenAdapter", "UnsupportedWeight", "register", "unregister", "adapter_for",
-           "is_plain", "is_quantized", "parts", "expand", "rebuild", "stored_nbytes", "describe"]
+from torch import nn
 
 
-class UnsupportedWeight(TypeError):
-    """A weight whose stored tensors no registered adapter can name."""
+class Codec:
+    """How one kind of tensor subclass is decomposed. Subclasses implement all four methods."""
 
-
-class WeightAdapter:
-    """How one kind of weight decomposes into plain tensors and is rebuilt from them.
-
-    ``name``: shown in messages and reports. ``matches(t)``: True when this adapter handles
-    ``t``. ``parts(t)``: the plain tensors holding ``t``'s stored bytes — the objects ``t``
-    itself holds, so that ``part.data = x`` changes ``t`` in place (a part may be ``t`` itself
-    when its own storage is the stored bytes; then it must accept ``.data`` assignment of a
-    tensor of its storage dtype). ``rebuild(t, new_parts)``: a new weight of ``t``'s kind
-    over ``new_parts`` (same order as ``parts(t)``), ``t`` left unchanged.
-    """
-
-    name = "weight"
+    name = "tensor subclass"
 
     def matches(self, t: torch.Tensor) -> bool:
         raise NotImplementedError
 
-    def parts(self, t: torch.Tensor) -> list[torch.Tensor]:
+    def plain(self, t: torch.Tensor) -> torch.Tensor:
+        """The stored bytes of ``t`` as a plain tensor sharing its storage."""
         raise NotImplementedError
 
-    def rebuild(self, t: torch.Tensor, new_parts: list[torch.Tensor]) -> torch.Tensor:
+    def rebuild(self, original: torch.Tensor, plain: torch.Tensor) -> torch.Tensor:
+        """A tensor of ``original``'s kind and metadata viewing ``plain`` (used during a forward)."""
+        raise NotImplementedError
+
+    def restore(self, original: torch.Tensor, plain: torch.Tensor) -> None:
+        """Give ``original`` the data of ``plain`` (where and what it is now), metadata kept."""
         raise NotImplementedError
 
 
-class FlattenAdapter(WeightAdapter):
-    """Tensor wrapper subclasses that implement torch's ``__tensor_flatten__`` protocol
-    (core's ``QuantizedTensor``: inner tensors ``_qdata`` and the scales of its layout params).
-    Inner tensors that are themselves subclasses are decomposed again."""
-
-    name = "tensor subclass"
-
-    def matches(self, t):
-        return hasattr(type(t), "__tensor_flatten__") and hasattr(type(t), "__tensor_unflatten__")
-
-    def _inner(self, t):
-        names, ctx = t.__tensor_flatten__()
-        return list(names), ctx, [getattr(t, n) for n in names]
-
-    def parts(self, t):
-        out = []
-        for inner in self._inner(t)[2]:
-            out.extend(parts(inner))
-        return out
-
-    def rebuild(self, t, new_parts):
-        names, ctx, inners = self._inner(t)
-        rebuilt, i = {}, 0
-        for n, inner in zip(names, inners):
-            k = len(parts(inner))
-            rebuilt[n] = rebuild(inner, new_parts[i:i + k])
-            i += k
-        try:
-            stride = t.stride()
-        except RuntimeError:
-            stride = None
-        return type(t).__tensor_unflatten__(rebuilt, ctx, t.size(), stride)
+_CODECS: list[Codec] = []
 
 
-_ADAPTERS: list[WeightAdapter] = [FlattenAdapter()]
+def register(codec: Codec) -> None:
+    """Add ``codec`` (once per class)."""
+    if not any(type(c) is type(codec) for c in _CODECS):
+        _CODECS.append(codec)
 
 
-def register(adapter: WeightAdapter) -> WeightAdapter:
-    """Add ``adapter`` in front of the others (asked first); registering the same object or
-    another of the same class again replaces it. Returns it."""
-    unregister(adapter)
-    _ADAPTERS.insert(0, adapter)
-    return adapter
-
-
-def unregister(adapter: WeightAdapter) -> None:
-    """Remove ``adapter`` (or any adapter of its class)."""
-    _ADAPTERS[:] = [a for a in _ADAPTERS if a is not adapter and type(a) is not type(adapter)]
-
-
-def is_plain(t: torch.Tensor) -> bool:
-    """True for a plain ``torch.Tensor`` or an ``nn.Parameter`` over one."""
-    return type(t) is torch.Tensor or type(t) is torch.nn.Parameter
-
-
-def adapter_for(t: torch.Tensor) -> WeightAdapter | None:
-    """The adapter that handles ``t`` (None for a plain tensor). Raises :class:`UnsupportedWeight`."""
-    if is_plain(t):
+def codec_for(t) -> Codec | None:
+    """The registered codec that handles ``t``, or None (plain tensors and unknown kinds)."""
+    if t is None or type(t) in (torch.Tensor, nn.Parameter):
         return None
-    for a in _ADAPTERS:
-        if a.matches(t):
-            return a
-    raise UnsupportedWeight(f"a weight of type {type(t).__name__} is neither a plain tensor nor a kind MemoryKit "
-                            "knows how to store (quantized tensors with torch's subclass protocol, GGUF)")
+    return next((c for c in _CODECS if c.matches(t)), None)
 
 
-def is_quantized(t: torch.Tensor) -> bool:
-    """True when ``t`` is not a plain tensor but an adapter handles it."""
-    try:
-        return adapter_for(t) is not None
-    except UnsupportedWeight:
-        return False
+_CLASSES: dict[type, type] = {}
+_PARTS = "_memorykit_weight_parts"
 
 
-def parts(t: torch.Tensor) -> list[torch.Tensor]:
-    """The plain tensors holding ``t``'s stored bytes (``[t]`` for a plain tensor); see module doc."""
-    a = adapter_for(t)
-    return [t] if a is None else a.parts(t)
+def _rebuilding_class(cls: type) -> type:
+    """``cls`` with a ``forward`` that rebuilds the decomposed tensors around the plain ones."""
+    if cls in _CLASSES:
+        return _CLASSES[cls]
 
-
-def expand(tensors) -> list[torch.Tensor]:
-    """``tensors`` with every weight replaced by its parts, each part once (by identity), in order."""
-    out, seen = [], set()
-    for t in tensors:
-        for p in parts(t):
-            if id(p) not in seen:
-                seen.add(id(p))
-                out.append(p)
-    return out
-
-
-def rebuild(t: torch.Tensor, new_parts: list[torch.Tensor]) -> torch.Tensor:
-    """A weight of ``t``'s kind over ``new_parts`` (``new_parts[0]`` for a plain tensor)."""
-    a = adapter_for(t)
-    if a is None:
-        if len(new_parts) != 1:
-            raise ValueError(f"a plain tensor has one part, got {len(new_parts)}")
-        return new_parts[0]
-    return a.rebuild(t, list(new_parts))
-
-
-def stored_nbytes(t: torch.Tensor) -> int:
-    """Bytes ``t`` stores: the sum over its parts (each counted once)."""
-    return sum(p.numel() * p.element_size() for p in expand([t]))
-
-
-def describe(t: torch.Tensor) -> str:
-    """Short text for reports: ``"QuantizedTensor (float8_e4m3fn)"``, ``"bfloat16"``."""
-    if is_plain(t):
-        return str(t.dtype).replace("torch.", "")
-    try:
-        dtypes = sorted({str(p.dtype).replace("torch.", "") for p in parts(t)})
-    except UnsupportedWeight:
-        dtypes = []
-    return f"{type(t).__name__} ({', '.join(dtypes)})" if dtypes else type(t).__name__
-
-
-def inference_weights(module: torch.nn.Module) -> bool:
-    """True when ``module``'s weights are inference tensors (loaded inside ``torch.inference_mode``,
-    as ComfyUI's server runs its loaders). Whatever rebuilds or moves them (core's quantized layers
-    make new Parameters on every ``Module.to``) must then run in inference mode too, or the next
-    load inside it fails ("Cannot set version_counter for inference tensor")."""
-    for t in module.parameters():
+    def forward(self, *args, **kwargs):
+        parts = self.__dict__.get(_PARTS) or {}
+        params = self._parameters
+        plain = {n: params[n] for n in parts}
         try:
-            return any(p.is_inference() for p in parts(t))
-        except UnsupportedWeight:
-            return False
-    return False
+            for n, (original, codec) in parts.items():
+                params[n] = codec.rebuild(original, plain[n])
+            return cls.forward(self, *args, **kwargs)
+        finally:
+            params.update(plain)
+
+    new = type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__, "_memorykit_rebuilds": cls})
+    _CLASSES[cls] = new
+    return new
+
+
+@dataclass(eq=False)
+class Decomposed:
+    """What :func:`decompose` changed; :meth:`restore` undoes it. ``kinds``: codec name → count."""
+
+    entries: list = field(default_factory=list)  # (module, name, original tensor, codec)
+    classes: list = field(default_factory=list)  # (module, original class)
+    kinds: dict = field(default_factory=dict)
+
+    def restore(self) -> None:
+        """The original tensors back (holding the plain tensors' current data), classes back. Idempotent."""
+        for module, name, original, codec in self.entries:
+            plain = module._parameters.get(name)
+            if plain is not None and plain is not original:
+                codec.restore(original, plain)
+            module._parameters[name] = original
+        for module, cls in self.classes:
+            module.__class__ = cls
+            module.__dict__.pop(_PARTS, None)
+        self.entries.clear()
+        self.classes.clear()
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+
+def decompose(root: nn.Module) -> Decomposed:
+    """Replace every registered tensor-subclass parameter under ``root`` by its plain stored
+    bytes (see module docstring). Modules without such parameters are left alone; a module
+    that reads a decomposed weight through a parent's forward (not its own) would see the
+    plain bytes, so every decomposed parameter belongs to a module whose own forward uses it."""
+    out = Decomposed()
+    try:
+        for module in root.modules():
+            found = {}
+            for name, t in list(module._parameters.items()):
+                codec = codec_for(t)
+                if codec is None:
+                    continue
+                plain = nn.Parameter(codec.plain(t), requires_grad=False)
+                module._parameters[name] = plain
+                out.entries.append((module, name, t, codec))
+                out.kinds[codec.name] = out.kinds.get(codec.name, 0) + 1
+                found[name] = (t, codec)
+            if found:
+                cls = type(module)
+                module.__dict__[_PARTS] = found
+                out.classes.append((module, cls))
+                module.__class__ = _rebuilding_class(cls)
+    except BaseException:
+        out.restore()
+        raise
+    return out

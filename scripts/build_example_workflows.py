@@ -238,13 +238,18 @@ def memory_plan_sd15() -> dict:
 
 
 def memory_plan_wan22() -> dict:
-    """Wan 2.2's two 14B experts, each through Memory Plan for a machine with 16 GB VRAM and 32 GB RAM
-    (given figures): 32 GB holds the 6.7 GB text encoder and not both 14 GB experts, so each plan
-    gets 12 GiB of RAM and streams its expert from disk; the VAE decodes in the planned tiles."""
+    """Wan 2.2's whole workflow through one Memory Plan for a machine with 16 GB VRAM and 32 GB RAM
+    (given figures): the text encoder (clip), the high-noise expert (model), the low-noise expert
+    (model_2) and the VAE planned together; each sampler, the text encoders and VAE Decode take
+    their component from the plan's outputs."""
     p = wan22_two_experts()
-    p["3"] = _memory_plan(["1", 0], None, ["8", 0], "given figures", 16.0, 12.0, 832, 480, 81)
-    p["4"] = _memory_plan(["2", 0], ["12", 0], ["8", 0], "given figures", 16.0, 12.0, 832, 480, 81)
-    p["13"]["inputs"]["vae"] = ["4", 1]
+    p["3"] = _memory_plan(["1", 0], ["12", 0], ["8", 0], "given figures", 16.0, 32.0, 832, 480, 81)
+    p["3"]["inputs"].update({"clip": ["5", 0], "model_2": ["2", 0]})
+    del p["4"]
+    p["6"]["inputs"]["clip"] = ["3", 2]
+    p["7"]["inputs"]["clip"] = ["3", 2]
+    p["10"]["inputs"]["model"] = ["3", 3]
+    p["13"]["inputs"]["vae"] = ["3", 1]
     p["14"]["inputs"]["filename_prefix"] = "MemoryKit/memory_plan_wan22"
     return p
 

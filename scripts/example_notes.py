@@ -56,12 +56,14 @@ NOTES = {
                              "where an SD1.5 UNet stays resident. Swap in SDXL or Flux and it plans for them. The "
                              "VAE goes through it so VAE Decode uses the planned tiles; the Empty Latent's size "
                              "sets the activation estimate." + _SD15_REAL,
-    "memory_plan_wan22_16gb_vram_32gb_ram": "Memory Plan for Wan 2.2's two 14B experts on 16 GB VRAM / 32 GB RAM "
-                                            "(given figures): RAM holds the 6.7 GB text encoder but not both 14 GB "
-                                            "experts, so each plan gets 12 GiB of RAM; at 832x480, 81 frames each "
-                                            "expert then streams from disk. The plan reads the size from the Empty "
-                                            "latent wired into it, so set that to your video's size. Set plan_for = "
-                                            "this machine to measure yours." + _WAN_REAL,
+    "memory_plan_wan22_16gb_vram_32gb_ram": "One Memory Plan for the whole Wan 2.2 workflow on 16 GB VRAM / 32 GB RAM "
+                                            "(given figures): the text encoder (clip), the high-noise expert (model), "
+                                            "the low-noise expert (model_2) and the VAE are planned together, since "
+                                            "RAM holds them all while each runs in turn. The node's text gives each "
+                                            "component's decision and why, and the workflow's peak VRAM, RAM and "
+                                            "disk. To change: vram_gb / ram_gb / disk_gb for your machine (or "
+                                            "plan_for = this machine to measure it), and the Empty latent's size "
+                                            "to your video's (the plan reads it)." + _WAN_REAL,
     "tiled_vae_wan21_t2v": "Tiled VAE Decode on Wan 2.1 video: tiles in space, time kept whole (causal cache). "
                            "The badge shows the tile grid and the peak memory. The 64 px tiles suit the 128x128 "
                            "demo; for 832x480 use tile_size 256-512 / overlap 64, or set memory_budget_gb."

@@ -3,7 +3,7 @@ FP8 model back (issue 19 item 5). In-process, tiny fixtures, one forward per mod
 
 Each case: FP8 Layerwise Cast → Save Sharded's own code (``save_model_sharded``) → (a) core's
 ``comfy.sd.load_diffusion_model`` on the shards merged into one file (Save Sharded writes shards
-only; the test merges them with safetensors, header metadata included) and (b) Sharded Checkpoint
+only; the test merges them with Save Sharded's safetensors writer, header metadata included) and (b) Sharded Checkpoint
 Loader on the folder. Layers in core's format hold the live float8 values and scales and core
 dequantises them as it does live, so the reload equals the live output bit for bit. Layers core's
 format cannot hold (e5m2 where core has no e5m2 layout, per-output-channel scales, Conv) are
@@ -49,7 +49,7 @@ def _read_folder(folder) -> tuple[dict, dict]:
 def _save_and_reload(ci, model, tmp_path) -> tuple[dict, dict, dict, list]:
     """Save Sharded → (saved tensors, file metadata, node info, [core's reload, ours])."""
     import comfy.sd
-    from safetensors.torch import save_file
+    from comfyui_memorykit.memorykit.aligned_safetensors import save_file
     name = f"mk_test_fp8core_{uuid.uuid4().hex[:8]}"
     with torch.inference_mode():
         info = ci.save_model_sharded(model, name, max_shard_size="1MB", progress=lambda d, t: None)
@@ -57,6 +57,9 @@ def _save_and_reload(ci, model, tmp_path) -> tuple[dict, dict, dict, list]:
     try:
         sd, meta = _read_folder(folder)
         merged = tmp_path / f"{name}.safetensors"
+        # written as Save Sharded writes its shards (tensors 16/64-byte aligned): with
+        # safetensors.torch.save_file a weight's alignment in the file, and so a batch-1 Linear's
+        # float32 bits on the CPU (about 1e-8), would depend on the header's length
         save_file(sd, str(merged), metadata=meta)
         with torch.inference_mode():
             reloads = [comfy.sd.load_diffusion_model(str(merged)),

@@ -1,7 +1,7 @@
-"""Memory Plan through a real ComfyUI server: the Wan 2.2 template (two plans, a VAE and a latent
-through them) runs end to end on the generated stand-ins, each Memory Plan reports its candidates,
-sentences and badge; a plan that cannot fit fails before anything is loaded, naming what is short.
-(The SD1.5 template runs in the demo and the browser tests, which run every example.)"""
+"""Memory Plan through a real ComfyUI server: the Wan 2.2 template (one plan for both experts, the
+VAE and the latent; its text encoder is the harness's stand-in, so the plan sees no clip) runs end
+to end on the generated stand-ins, each Memory Plan reports its decisions, sentences and badge; a plan
+that cannot fit fails before anything is loaded, naming what is short. (The SD1.5 template runs in the demo and the browser tests, which run every example.)"""
 from __future__ import annotations
 
 import pytest
@@ -19,20 +19,29 @@ def test_template_runs_with_memory_plan(server, object_info, fixture_models, nam
     assert plans
     for nid in plans:
         rep = out["reports"][nid]["memory_plan"]
-        assert rep["pick"] in {c["name"] for c in rep["candidates"]}
-        assert any(c["fits"] for c in rep["candidates"]) and rep["reasons"][-1].startswith("Pick: ")
         assert out["reports"][nid]["badge"] == rep["badge"] and not bad_figures(rep["badge"])
         text = out["result"].outputs[nid]["text"][0]
-        assert "Memory Plan for" in text and rep["table"] in text
+        if "workflow" in rep:  # the whole workflow: one decision and one sentence per component wired
+            assert "Memory Plan for the workflow" in text
+            got = [d["component"] for d in rep["workflow"]["decisions"]]
+            want = (["diffusion model (high noise)", "diffusion model 2 (low noise)"] if "model_2" in prompt[nid]["inputs"]
+                    else ["diffusion model"]) + (["VAE"] if "vae" in prompt[nid]["inputs"] else [])
+            assert got == want, got
+            assert all(d["sentence"] in text for d in rep["workflow"]["decisions"])
+        else:
+            assert rep["pick"] in {c["name"] for c in rep["candidates"]}
+            assert any(c["fits"] for c in rep["candidates"]) and rep["reasons"][-1].startswith("Pick: ")
+            assert "Memory Plan for" in text and rep["table"] in text
         if name.startswith("memory_plan_wan22"):
             assert rep["machine"]["source"] == "given" and rep["machine"]["vram_bytes"] == 16 * 2**30
+            assert "workflow" in rep and rep["machine"]["ram_bytes"] == 32 * 2**30
 
 
 def test_a_plan_that_cannot_fit_is_an_error_before_loading(server, fixture_models):
     prompt = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "mk_wan21_tiny.safetensors", "weight_dtype": "default"}},
         "2": {"class_type": "MemoryKitMemoryPlan", "inputs": {
-            "model": ["1", 0], "plan_for": "given figures", "allow_fp8": True, "prefer": "speed", "vram_gb": 0.5,
+            "model": ["1", 0], "plan_for": "given figures", "allow_fp8": True, "prefer": "speed", "vram_gb": 2.0,
             "ram_gb": 1.0, "disk_gb": 0.0, "width": 16384, "height": 16384, "frames": 4096}},
         "3": {"class_type": "MemoryKitTestSaveTensor", "inputs": {"value": ["2", 0], "filename_prefix": "mp_never"}},
     }

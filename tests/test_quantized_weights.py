@@ -3,7 +3,7 @@
 Offload, FP8 Layerwise Cast and LoRA, in-process on CPU.
 
 ComfyUI 0.33 loads them as core's ``QuantizedTensor`` layers: the placements stream / place the
-stored bytes (fp8 data + scales, :mod:`memorykit.weight_parts`) and the output equals the plain
+stored bytes (fp8 data + scales, :mod:`memorykit.stored_parts`) and the output equals the plain
 loaded model bit for bit. ComfyUI 0.3.75 loads the legacy file with scaled_fp8 ops holding plain
 float8 tensors: the same checks, the same exactness. One sampling step per case.
 """
@@ -69,8 +69,8 @@ def sample(model, lora=None):
 
 def snapshot(module) -> dict:
     """name → (type, stored parts as (dtype, device, values))."""
-    from comfyui_memorykit.memorykit import weight_parts
-    return {n: (type(t), [(p.dtype, p.device, p.detach().clone()) for p in weight_parts.parts(t)])
+    from comfyui_memorykit.memorykit import stored_parts
+    return {n: (type(t), [(p.dtype, p.device, p.detach().clone()) for p in stored_parts.parts(t)])
             for n, t in list(module.named_parameters()) + list(module.named_buffers())}
 
 
@@ -86,28 +86,28 @@ def assert_restored(module, snap: dict) -> None:
 
 
 def stored_bytes(module) -> int:
-    from comfyui_memorykit.memorykit import weight_parts
-    return sum(weight_parts.stored_nbytes(t) for t in list(module.parameters()) + list(module.buffers()))
+    from comfyui_memorykit.memorykit import stored_parts
+    return sum(stored_parts.stored_nbytes(t) for t in list(module.parameters()) + list(module.buffers()))
 
 
 def n_quantized(module) -> int:
-    from comfyui_memorykit.memorykit import weight_parts
-    return sum(not weight_parts.is_plain(t) for t in module.parameters())
+    from comfyui_memorykit.memorykit import stored_parts
+    return sum(not stored_parts.is_plain(t) for t in module.parameters())
 
 
-def test_weight_parts_decompose_and_rebuild_core_quantized_tensors(quant):
-    from comfyui_memorykit.memorykit import weight_parts
+def test_stored_parts_decompose_and_rebuild_core_quantized_tensors(quant):
+    from comfyui_memorykit.memorykit import stored_parts
     if not _is_033():
         pytest.skip("ComfyUI 0.3.75 loads fp8_scaled files as plain float8 tensors (nothing to decompose)")
     m, _ = quant("mixed")
     dm = m.model.diffusion_model
-    ws = [t for t in dm.parameters() if not weight_parts.is_plain(t)]
-    assert ws and {p.dtype for w in ws for p in weight_parts.parts(w)} == \
+    ws = [t for t in dm.parameters() if not stored_parts.is_plain(t)]
+    assert ws and {p.dtype for w in ws for p in stored_parts.parts(w)} == \
         {torch.float8_e4m3fn, torch.float8_e5m2, torch.float32}
     w = ws[0]
-    ps = weight_parts.parts(w)
-    assert weight_parts.stored_nbytes(w) == w.numel() + 4  # fp8 data + one float32 scale, not the bf16/f32 size
-    r = weight_parts.rebuild(w, [p.clone() for p in ps])
+    ps = stored_parts.parts(w)
+    assert stored_parts.stored_nbytes(w) == w.numel() + 4  # fp8 data + one float32 scale, not the bf16/f32 size
+    r = stored_parts.rebuild(w, [p.clone() for p in ps])
     assert type(r) is type(w) and torch.equal(r.dequantize(), w.dequantize())
     saved = ps[0].data
     try:  # a part's .data changes the weight in place (what the event ring does)
@@ -172,9 +172,9 @@ def test_group_offload_event_ring_from_ram(quant):
 
 def quantized_parts(module) -> dict:
     """name → stored parts of every quantized weight (0.33) / float8 weight (0.3.75)."""
-    from comfyui_memorykit.memorykit import weight_parts
-    return {n: [p.detach().clone() for p in weight_parts.parts(t)] for n, t in module.named_parameters()
-            if not weight_parts.is_plain(t) or t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)}
+    from comfyui_memorykit.memorykit import stored_parts
+    return {n: [p.detach().clone() for p in stored_parts.parts(t)] for n, t in module.named_parameters()
+            if not stored_parts.is_plain(t) or t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)}
 
 
 @pytest.mark.parametrize("layout", ["legacy", "mixed"])

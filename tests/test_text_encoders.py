@@ -123,6 +123,24 @@ def test_fp8_within_tolerance(enc, ci):
     enc.assert_restored()
 
 
+def test_fp8_then_group_offload_is_fp8_exactly(enc, ci, tmp_path):
+    """FP8 Layerwise Cast (Text Encoder) → Group Offload (Text Encoder): the float8 layers stream
+    (half the bytes) and the conditioning equals FP8's alone, bit for bit (two encoders: Flux)."""
+    if enc.name != "flux_clip_l_t5":
+        pytest.skip("runs on flux_clip_l_t5 only (suite time)")
+    from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
+    cast, _ = ci.text_encoder_fp8(enc.clip)
+    ref = te_zoo.encode(cast)
+    s = ci.GroupOffloadSettings(GroupOffloadOptions(offload_to="disk"), disk_folder=str(tmp_path))
+    both, info = ci.text_encoder_group_offload(cast, s)
+    out = te_zoo.encode(both)
+    assert torch.equal(out["cond"], ref["cond"]) and torch.equal(out["pooled_output"], ref["pooled_output"])
+    _, plain = ci.text_encoder_group_offload(enc.clip, s)
+    assert info["streamed_bytes_per_prompt"] < plain["streamed_bytes_per_prompt"]
+    _record(enc, "fp8 + offload disk", "exact vs fp8")
+    enc.assert_restored()
+
+
 @pytest.mark.parametrize("name", te_zoo.ENCODERS)
 def test_full_size_block_coverage(comfy, ci, fp8, name):
     """The real configuration (meta device): Group Offload finds each encoder's layer list,
@@ -188,8 +206,11 @@ def test_quantized_tensor_text_encoder(comfy, ci, tmp_path):
     assert torch.equal(out["cond"], ref["cond"])
     s_ = ci.GroupOffloadSettings(GroupOffloadOptions(offload_to="disk"), disk_folder=str(tmp_path))
     try:
-        from comfyui_memorykit.memorykit import weight_parts  # noqa: F401
-    except ImportError:  # this pack streams plain tensors only: refused, naming the weights
+        from comfyui_memorykit.memorykit import weight_parts
+        streams_quantized = hasattr(weight_parts, "is_quantized")
+    except ImportError:
+        streams_quantized = False
+    if not streams_quantized:  # this pack's ring streams plain tensors only: refused, naming the weights
         with pytest.raises(ValueError, match="QuantizedTensor|cannot stream"):
             ci.text_encoder_group_offload(clip, s_)
     else:  # the stored float8 bytes and scales stream: exact

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from harness import vae_zoo
+from harness.real_content import core_vae
 
 pytestmark = pytest.mark.usefixtures("comfy")
 
@@ -75,7 +76,8 @@ def zoo_vae(request):
 
 
 def _sizes(vae, video: bool):
-    s = int(vae.spacial_compression_decode())
+    from comfyui_memorykit.memorykit.comfy_integration.vae_factors import spatial_factor
+    s = spatial_factor(vae)  # the model's own (TAEF2: 16, core's VAE object says 8)
     k = int(vae.temporal_compression_decode() or 1) if video else 1
     tile, overlap = TILE_UNITS * s, OVERLAP_UNITS * s
     t_size, t_overlap = (CHUNK * k, k) if video else (64, 8)
@@ -128,7 +130,7 @@ def test_decode(zoo_vae, ci):
     opts = ci.TiledVAEOptions(tile_px=tile, overlap_px=overlap, temporal_size=ts, temporal_overlap=to)
     with torch.inference_mode():
         ref = _flat(vae.decode(z))
-        core = _flat(nodes.VAEDecodeTiled().decode(vae, {"samples": z}, tile, overlap, ts, to)[0])
+        core = _flat(nodes.VAEDecodeTiled().decode(core_vae(vae), {"samples": z}, tile, overlap, ts, to)[0])
         ours, info = ci.tiled_vae_decode(vae, z, opts)
         big = ci.tiled_vae_decode(vae, z, ci.TiledVAEOptions(tile_px=4096, overlap_px=64, temporal_size=4096))[0]
     assert ours.shape == ref.shape
@@ -158,7 +160,7 @@ def test_encode(zoo_vae, ci):
     opts = ci.TiledVAEOptions(tile_px=tile, overlap_px=overlap, temporal_size=ts, temporal_overlap=to)
     with torch.inference_mode():
         ref = vae.encode(px)
-        core = nodes.VAEEncodeTiled().encode(vae, px, tile, overlap, ts, to)[0]["samples"]
+        core = nodes.VAEEncodeTiled().encode(core_vae(vae), px, tile, overlap, ts, to)[0]["samples"]
         ours, info = ci.tiled_vae_encode(vae, px, opts)
         big = ci.tiled_vae_encode(vae, px, ci.TiledVAEOptions(tile_px=4096, overlap_px=64, temporal_size=4096))[0]
     assert ours.shape == ref.shape
@@ -180,6 +182,28 @@ def _check_bound(name: str, direction: str, info: dict, e_ours: float, e_core: f
     bound = BOUNDS.get((name, direction))
     if bound is not None and ("whole length" in str(info.get("time")) or info.get("time") == "none"):
         assert e_ours <= bound * e_core, f"{name} {direction}: ours {e_ours:.4f} > {bound} × core {e_core:.4f}"
+
+
+def test_core_still_gives_taef2_the_wrong_ratio(ci):
+    """ComfyUI's VAE object gives TAEF2 (``DecoderFlux2``, 16×) a ratio of 8: Tiled VAE places
+    its tiles at the model's 16 and its report says so. Fails when a core gives TAEF2 its true
+    ratio: then ``vae_factors``' TAESD rule, ``core_vae`` here and the docs' note can go."""
+    entry = vae_zoo.ZOO["taef2"]
+    if entry.missing():
+        pytest.skip(f"taef2: {entry.missing()}")
+    from comfyui_memorykit.memorykit.comfy_integration.vae_factors import spatial_factor
+    from comfyui_memorykit.memorykit.tiled_vae import format_info
+    vae = vae_zoo.build("taef2")
+    assert (spatial_factor(vae, "decode"), spatial_factor(vae, "encode")) == (16, 16)
+    z = _latent(vae, False, 3)[:, :, :4, :6]
+    with torch.inference_mode():
+        assert tuple(vae.decode(z).shape[1:3]) == (64, 96)  # what one latent pixel decodes to: 16 × 16
+        out, info = ci.tiled_vae_decode(vae, z, ci.TiledVAEOptions(tile_px=48, overlap_px=16))
+        planned = ci.memory_plan_io.planned_vae(vae, 48).decode(z)  # Memory Plan's VAE: the same helper
+    assert tuple(out.shape[1:3]) == tuple(planned.shape[1:3]) == (64, 96) and info["tiles_per_item"] > 1
+    assert vae.spacial_compression_decode() == vae.spacial_compression_encode() == 8, \
+        "core now gives TAEF2 its true ratio: the TAESD rule in vae_factors and the docs' note can go"
+    assert "ratio of 8" in info["core_ratio_note"] and info["core_ratio_note"] in format_info(info)
 
 
 SPATIAL_ONLY = [("hunyuan_video", "decode"), ("ltxv", "decode"), ("ltxv", "encode"), ("mochi", "decode"),

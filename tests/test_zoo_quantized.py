@@ -6,7 +6,7 @@ block_level), bit-exact against the plain quantized model.
 A representative subset, not the whole zoo: the architectures Comfy-Org ships fp8_scaled files
 for (Wan 2.1/2.2, Flux, Qwen-Image), which also cover the three block layouts (one block list,
 two block lists, a wrapper module); the rest of the zoo goes through the same code (the stored
-parts of :mod:`memorykit.weight_parts`) and the whole zoo in both layouts would add minutes to
+parts of :mod:`memorykit.stored_parts`) and the whole zoo in both layouts would add minutes to
 a suite whose budget is nearly used. One forward per case. ComfyUI 0.33 only (0.3.75 holds
 fp8_scaled weights as plain float8 tensors, which the plain zoo already covers).
 """
@@ -49,8 +49,8 @@ def qarch(request, comfy):
     if why:
         pytest.skip(why)
     a = QArch(*request.param)
-    from comfyui_memorykit.memorykit import weight_parts
-    assert any(not weight_parts.is_plain(t) for t in a.dm.parameters()), "no quantized layer was built"
+    from comfyui_memorykit.memorykit import stored_parts
+    assert any(not stored_parts.is_plain(t) for t in a.dm.parameters()), "no quantized layer was built"
     return a
 
 

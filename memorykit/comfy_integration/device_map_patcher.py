@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import device_map as dmap
+from .. import device_map as dmap, weight_parts
 from ..device_dispatch import dispatch_device_map
 from . import compat, placement
 from .cleanup import default_disk_folder, usable_disk_folder
@@ -51,15 +51,18 @@ class _AppliedDeviceMap(placement.Placement):
 
     memory_path = "MemoryKit device map"
 
-    def __init__(self, handle, plan: DeviceMapPlan, patches_uuid, device, offload_device):
+    def __init__(self, handle, plan: DeviceMapPlan, patches_uuid, device, offload_device, parts=None):
         super().__init__((plan, patches_uuid, device))
         self.handle = handle    # device_dispatch.DispatchedModel
+        self.parts = parts      # weight_parts.Decomposed: GGUF weights placed as their raw bytes
         self.plan = plan
         self.offload_device = offload_device
 
     def undo(self, base_model) -> None:
         """Hooks removed, every weight back where it was (``DispatchedModel.remove``), counters reset."""
         self.handle.remove()
+        if self.parts is not None:
+            self.parts.restore()
         placement.fault_point("undo")
         base_model.model_loaded_weight_memory = 0
         base_model.device = self.offload_device
@@ -105,11 +108,16 @@ class _DeviceMapPatcherMixin(placement.PlacementPatcher):
         # ComfyUI's own full load onto the offload device: applies weight patches (LoRA), no
         # lowvram casting, weights stay in RAM; accelerate then places them.
         self._core_load(self.offload_device, 0, force_patch_weights, True)
-        handle = dispatch_device_map(self.model.diffusion_model, plan.device_map, plan.offload_folder, plan.main_device,
-                                     skip_keys=_DEVICE_MAP_SKIP_KEYS, preload_module_classes=list(plan.block_classes),
-                                     is_oom=compat.is_oom)
+        parts = weight_parts.decompose(self.model.diffusion_model)  # GGUF: raw bytes placed, rebuilt at forward
+        try:
+            handle = dispatch_device_map(self.model.diffusion_model, plan.device_map, plan.offload_folder,
+                                         plan.main_device, skip_keys=_DEVICE_MAP_SKIP_KEYS,
+                                         preload_module_classes=list(plan.block_classes), is_oom=compat.is_oom)
+        except BaseException:
+            parts.restore()
+            raise
         placement.install(self, _AppliedDeviceMap(handle, plan, self.patches_uuid, _device(device_to),
-                                                  self.offload_device))
+                                                  self.offload_device, parts))
         on_load_device = dmap.bytes_per_device(self.model.diffusion_model, plan.device_map).get(
             dmap.device_name(_map_device_of(device_to)), 0)
         self.model.device = device_to

@@ -24,6 +24,7 @@ import torch
 from .. import fp8
 from . import compat, fp8_core, linear_args, placement
 from .compat import apply_weight_patch
+from .gguf_weights import gguf_model_description
 from .model_view import own_module, own_object
 
 FP8_ATTACHMENT = "memorykit_fp8"
@@ -331,6 +332,12 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
             raise ValueError("fp8_matmul needs storage_dtype float8_e4m3fn (float8 GEMMs take e4m3 weights).")
         fp8.check_fp8_matmul(device)
 
+    gguf = gguf_model_description(model)
+    if gguf is not None:
+        raise ValueError(f"FP8 Layerwise Cast: this MODEL comes from a GGUF file ({gguf}); its layers are already "
+                         "stored quantized and dequantised by the GGUF loader's own layers, so they are left as they "
+                         "are (casting them to float8 would quantize twice). Connect the GGUF loader's MODEL to the "
+                         "next node directly, or load the original safetensors model to use FP8 Layerwise Cast.")
     placement.release(model.model)  # a loaded Group Offload / device map holds placeholders: read real weights
     n = model.clone()
     dm = own_module(n)  # this MODEL's modules, not another loaded clone's applied FP8 layers

@@ -29,6 +29,7 @@ from ..offload_plan import GroupOffloadOptions
 from ..offload_store import disk_read_speed
 from .compat import is_dynamic, patcher_free_memory
 from .fp8_patcher import FP8_ATTACHMENT, fp8_layerwise_cast, model_compute_dtype
+from .gguf_weights import gguf_model_description
 from .offload_patcher import (
     GroupOffloadSettings,
     comfy_block_lists,
@@ -217,9 +218,11 @@ def model_figures(patcher, shape: list[int]) -> mp.ModelFigures:
     run_shape = [batch] + list(shape[1:])
     act = _activation_bytes(patcher, run_shape)
     cast = set()
-    if patcher.get_attachment(FP8_ATTACHMENT) is None:  # not through FP8 Layerwise Cast already
+    # not through FP8 Layerwise Cast already, not GGUF (already quantized: FP8 Layerwise Cast refuses it)
+    if patcher.get_attachment(FP8_ATTACHMENT) is None and gguf_model_description(patcher) is None:
         cast = set(fp8.plan_layers(dm, fp8.default_skip_patterns(fp8.detect_family(dm), "auto")).cast)
-    params = sum(p.numel() for p in dm.parameters())
+    # parameters counted by their logical shape (a GGUF weight's tensor_shape; its bytes are counted as stored)
+    params = sum(math.prod(getattr(p, "tensor_shape", p.shape)) for p in dm.parameters())
     tokens = math.prod(shape[2:]) / _patch_area(dm)
     dtype = str(model_compute_dtype(patcher)).replace("torch.", "")
     label = type(patcher.model).__name__

@@ -23,7 +23,7 @@ import comfy.patcher_extension as pe
 import comfy.utils
 import torch
 
-from .. import badge, offload, offload_plan, report
+from .. import badge, offload, offload_plan, report, weight_parts
 from . import compat, placement
 from .placement import comfy_block_lists
 from ..units import size_text
@@ -37,6 +37,7 @@ from .compat import (
     patcher_free_memory,
 )
 from .fp8_patcher import plain_fp8_layers
+from .gguf_weights import is_gguf_patcher, placement_class
 from .model_view import own_module
 
 _log = logging.getLogger("MemoryKit")
@@ -61,9 +62,10 @@ class _OffloadState(placement.Placement):
 
     memory_path = "MemoryKit group offload"
 
-    def __init__(self, handle, settings, patches_uuid, device, offload_device, backup):
+    def __init__(self, handle, settings, patches_uuid, device, offload_device, backup, parts=None):
         super().__init__((settings, patches_uuid, device))
         self.handle, self.settings, self.patches_uuid = handle, settings, patches_uuid
+        self.parts = parts  # weight_parts.Decomposed: GGUF weights streamed as their raw bytes
         self.device, self.offload_device, self.backup = device, offload_device, backup
         self.last_run: dict | None = None
         self.notes: list[str] = []
@@ -73,6 +75,8 @@ class _OffloadState(placement.Placement):
         """Weights back on the offload device with their unpatched values (LoRA backups restored
         as ``ModelPatcher.unpatch_model`` does), weight functions wiped, ComfyUI's load counters reset."""
         offload.remove_group_offload(self.handle)
+        if self.parts is not None:
+            self.parts.restore()
         compat.count_pinned(-self.counted_pinned)
         self.counted_pinned = 0
         placement.fault_point("undo")
@@ -136,14 +140,22 @@ class GroupOffloadModelPatcher(placement.PlacementPatcher, comfy.model_patcher.M
             if child is not dm:
                 child.to(device_to)
         opts, notes, budget = self._run_options(device_to, s, extra_memory)
-        handle = offload.apply_group_offload(
-            dm, device_to, _STORE, options=opts, budget_bytes=budget,
-            block_lists=comfy_block_lists(dm),
-            disk_folder=usable_disk_folder(s.disk_folder) if opts.offload_to == "disk" else default_disk_folder(),
-            disk_tag=f"{type(self.model).__name__}-{str(self.patches_uuid)[:8]}")
+        parts = weight_parts.decompose(dm)  # GGUF weights: their raw bytes stream, rebuilt at forward
+        try:
+            handle = offload.apply_group_offload(
+                dm, device_to, _STORE, options=opts, budget_bytes=budget,
+                block_lists=comfy_block_lists(dm),
+                disk_folder=usable_disk_folder(s.disk_folder) if opts.offload_to == "disk" else default_disk_folder(),
+                disk_tag=f"{type(self.model).__name__}-{str(self.patches_uuid)[:8]}")
+        except BaseException:
+            parts.restore()
+            raise
+        if parts:
+            notes.append(", ".join(f"{n} {k} weights" for k, n in parts.kinds.items())
+                         + " streamed as stored (quantized bytes, dequantised by their layers at forward)")
         if handle.plan.below_minimum:
             notes.append(f"budget {size_text(budget)} is below the minimum footprint: everything streams")
-        st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup)
+        st = _OffloadState(handle, s, self.patches_uuid, device_to, self.offload_device, self.backup, parts)
         st.notes += notes
         st.counted_pinned = offload.page_locked_bytes(handle)
         compat.count_pinned(st.counted_pinned)  # core's pin budget sees the ring's page-locked host memory
@@ -215,11 +227,12 @@ class GroupOffloadModelPatcher(placement.PlacementPatcher, comfy.model_patcher.M
 
 
 def _standard_clone(model):
-    """A clone of ``model`` managed by core's standard ModelPatcher (opted out of dynamic VRAM
-    without a second copy, see :func:`compat.opt_out_of_dynamic_vram`).
+    """A clone of ``model`` managed by core's standard ModelPatcher or ComfyUI-GGUF's (opted out of
+    dynamic VRAM without a second copy, see :func:`compat.opt_out_of_dynamic_vram`).
 
     Raises RuntimeError when another node pack's patcher class manages the model (its own load
-    logic would conflict with offloading) or when the MODEL has no diffusion model; ValueError
+    logic would conflict with offloading; GGUF's is composed with the offload, see
+    :func:`gguf_weights.placement_class`) or when the MODEL has no diffusion model; ValueError
     when it comes through Balanced Device Map (both decide where the weights live).
     """
     if model.get_attachment(placement.DEVICE_MAP_ATTACHMENT) is not None:
@@ -227,9 +240,11 @@ def _standard_clone(model):
                          "the weights live. Connect Group Offload to the loader (or LoRA loader) directly, or use "
                          "Balanced Device Map alone.")
     n = opt_out_of_dynamic_vram(model, "Group Offload")
-    if type(n) not in (comfy.model_patcher.ModelPatcher, GroupOffloadModelPatcher):
-        raise RuntimeError(f"Group Offload needs a model managed by ComfyUI's standard ModelPatcher; this MODEL "
-                           f"uses {type(n).__name__} (from another custom node). Load it with a core loader.")
+    if not (type(n) is comfy.model_patcher.ModelPatcher or isinstance(n, GroupOffloadModelPatcher)
+            or is_gguf_patcher(n)):
+        raise RuntimeError(f"Group Offload needs a model managed by ComfyUI's standard ModelPatcher or ComfyUI-GGUF's "
+                           f"GGUFModelPatcher; this MODEL uses {type(n).__name__} (from another custom node). Load "
+                           "it with a core loader or a GGUF loader.")
     if not isinstance(getattr(n.model, "diffusion_model", None), torch.nn.Module):
         raise RuntimeError("Group Offload takes a diffusion model (MODEL from a checkpoint or diffusion-model loader).")
     return n
@@ -265,7 +280,9 @@ def prepare_group_offload(model, settings: GroupOffloadSettings):
         usable_disk_folder(settings.disk_folder)
     n = _standard_clone(model)
     plain_fp8_layers(n, "Group Offload")  # core's QuantizedTensor layers → plain float8 tensors
-    n.__class__ = GroupOffloadModelPatcher  # same object layout; how ComfyUI-GGUF makes its patcher from a clone
+    if not isinstance(n, GroupOffloadModelPatcher):  # same object layout; how ComfyUI-GGUF makes its patcher from a clone
+        n.__class__ = (GroupOffloadModelPatcher if type(n) is comfy.model_patcher.ModelPatcher
+                       else placement_class(GroupOffloadModelPatcher, type(n)))  # over GGUFModelPatcher
     n.set_attachments(GROUP_OFFLOAD_KEY, settings)
     n.remove_wrappers_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY)
     n.add_wrapper_with_key(pe.WrappersMP.OUTER_SAMPLE, GROUP_OFFLOAD_KEY, _group_offload_outer_sample)

@@ -35,7 +35,7 @@ import weakref
 
 import torch
 
-from .. import weight_parts
+from .. import stored_parts
 from ..module_state import ModuleState
 from ..offload_plan import BlockLists, block_lists
 
@@ -171,7 +171,7 @@ def _undo(base_model, p: Placement) -> None:
     resumable), so an unload that fails still leaves the model as it was before the placement.
     An interrupt is raised again after that; an error only when the second run fails too."""
     try:
-        with torch.inference_mode(weight_parts.inference_weights(base_model)):  # as the weights were loaded
+        with torch.inference_mode(stored_parts.inference_weights(base_model)):  # as the weights were loaded
             p.undo(base_model)
         return
     except BaseException as e:  # noqa: BLE001 - finished below, then raised again if it was an interrupt
@@ -304,8 +304,10 @@ class PlacementPatcher:
         return self.offload_device
 
     def _core_load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
-        """ComfyUI's own ``load`` of the patcher class below this mixin."""
-        return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
+        """ComfyUI's own ``load`` of the patcher class below this mixin (keywords: ComfyUI-GGUF's
+        ``load`` takes ``force_patch_weights`` as a keyword only)."""
+        return super().load(device_to, lowvram_model_memory=lowvram_model_memory,
+                            force_patch_weights=force_patch_weights, full_load=full_load)
 
     def _place(self, device_to, plan, memory, force_patch_weights) -> None:
         """Apply ``plan`` from ComfyUI's unloaded state. The one failure rule of every placement:
@@ -333,7 +335,8 @@ class PlacementPatcher:
         plan = self._placement_plan(device_to, force_patch_weights)
         if plan is None:
             remove(self.model)
-            return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
+            return super().load(device_to, lowvram_model_memory=lowvram_model_memory,
+                                force_patch_weights=force_patch_weights, full_load=full_load)
         with self.use_ejected(skip_and_inject_on_exit_only=True):
             self._place(device_to, plan, lowvram_model_memory or 1e32, force_patch_weights)
 
@@ -368,8 +371,14 @@ class PlacementPatcher:
             mark_handover(self, other)
         return same
 
+    def clone(self, *args, **kwargs):
+        n = super().clone(*args, **kwargs)
+        if type(n) is not type(self) and isinstance(self, type(n)):
+            n.__class__ = type(self)  # ComfyUI-GGUF's clone makes every clone a plain GGUFModelPatcher
+        return n
+
     def detach(self, unpatch_all=True):
         # The owner's full detach: the placement undone (weights back where they were), then
         # ComfyUI's full unpatch so its bookkeeping (patched weights, loaded size) matches.
-        with torch.inference_mode(weight_parts.inference_weights(self.model)):  # core's full unpatch moves the weights
+        with torch.inference_mode(stored_parts.inference_weights(self.model)):  # core's full unpatch moves the weights
             return super().detach(detach_unpatch_all(self, unpatch_all))

@@ -18,6 +18,7 @@ from .. import badge, report, safe_files, sharded, sharded_save, validation
 from . import fp8_save, placement
 from .common import loaded_models, weight_dtype_options
 from .compat import model_state_dict_for_saving as _compat_state_dict
+from .gguf_weights import gguf_model_description
 
 _CLIP_LOADER_TYPES = ["stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart",
                       "cosmos", "lumina2", "wan", "hidream", "chroma", "ace", "omnigen2", "qwen_image",
@@ -176,6 +177,11 @@ def save_model_sharded(model, name: str, max_shard_size: str = "5GB", overwrite:
     the folder are kept).
     """
     import comfy.utils
+    gguf = gguf_model_description(model)
+    if gguf is not None:  # its layers report placeholder tensors for saving; core loads no GGUF weights
+        raise ValueError(f"model: this MODEL comes from a GGUF file ({gguf}). Save Sharded writes safetensors for "
+                         "core's loaders, which cannot load GGUF-quantized weights: keep using the GGUF file, or "
+                         "save the original safetensors model.")
     name = (name or "").strip().rstrip("/") if isinstance(name, str) else name
     if not isinstance(name, str) or not name or os.path.isabs(name):
         raise ValueError(f"name {name!r}: give a folder name inside models/diffusion_models (no '..', not absolute)")

@@ -25,6 +25,7 @@ from .. import fp8, offload, offload_plan
 from . import compat, fp8_core, fp8_patcher, placement
 from .cleanup import default_disk_folder, usable_disk_folder
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
+from .model_view import own_module
 from .offload_patcher import (
     _STORE,
     GROUP_OFFLOAD_KEY,
@@ -82,10 +83,11 @@ def _streamable_weights(patcher, node: str, options) -> None:
         from .. import weight_parts
     except ImportError:
         weight_parts = None
+    ring_streams = getattr(weight_parts, "is_quantized", None)  # the ring itself streams quantized weights
     for name, t in list(patcher.model.named_parameters()) + list(patcher.model.named_buffers()):
         if type(t.data) is torch.Tensor:
             continue
-        if weight_parts is not None and weight_parts.is_quantized(t):
+        if ring_streams is not None and ring_streams(t):
             if not options.event_ring:
                 raise ValueError(f"{node}: scheduler 'diffusers' streams plain tensors only and this text encoder "
                                  f"holds quantized weights ({name}); choose scheduler 'memorykit'.")
@@ -195,7 +197,8 @@ def text_encoder_group_offload(clip, settings: GroupOffloadSettings):
         opts = opts.__class__(**{**vars(opts), "use_stream": False, "record_stream": False})
     plans = {}
     for name, root in roots:
-        pl = offload_plan.plan_offload(root, opts, settings.vram_budget_bytes or None, encoder_block_lists(root))
+        view = own_module(p, name) if name else root  # with this CLIP's own object patches (FP8's float8 layers)
+        pl = offload_plan.plan_offload(view, opts, settings.vram_budget_bytes or None, encoder_block_lists(view))
         plans[name] = pl.as_dict()
     per_prompt = sum(pl["streamed_bytes"] for pl in plans.values())
     info.update(status="planned (applied when a prompt is encoded)", plan=plans, streamed_bytes_per_prompt=per_prompt,

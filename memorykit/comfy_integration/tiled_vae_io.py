@@ -16,6 +16,7 @@ from . import vae_context
 from .compat import patcher_free_memory
 from .vae_blend import blend_rule
 from .vae_defer import deferral, run_deferred
+from .vae_factors import core_ratio_note, crop_to_factor, spatial_factor
 from .vae_time import carried_decode, carried_encode, time_mode
 
 
@@ -47,7 +48,7 @@ def vae_shape(vae, direction: str = "decode") -> tv.VAEShape:
     if vae.latent_dim not in (2, 3) or vae.extra_1d_channel is not None:
         raise ValueError(f"Tiled VAE handles image and video VAEs; {type(vae.first_stage_model).__name__} has "
                          f"{vae.latent_dim}-D latents: use ComfyUI's VAE Decode/Encode for it")
-    spatial = int(vae.spacial_compression_decode())
+    spatial = spatial_factor(vae, direction)  # the model's own where core's ratio is wrong (TAEF2)
     if vae.latent_dim == 2:
         return tv.VAEShape(int(vae.latent_channels), spatial)
     k = int(vae.upscale_index_formula[0]) if vae.upscale_index_formula else vae.temporal_compression_decode()
@@ -220,6 +221,9 @@ def _run(vae, direction: str, x: torch.Tensor, fn, opts: TiledVAEOptions, cost_m
         "tile_cost_bytes": {"fixed": int(cost.fixed_bytes), "per_latent_pixel": int(cost.per_unit_bytes)},
         "seconds": round(time.perf_counter() - t0, 3),
     }
+    note = core_ratio_note(vae, direction)
+    if note:
+        info["core_ratio_note"] = note
     return out, info
 
 
@@ -319,7 +323,9 @@ def tiled_vae_encode(vae, pixels: torch.Tensor, opts: TiledVAEOptions) -> tuple[
                          f"pixel ({s}x{s} px): upscale or pad it to at least {s}x{s} px")
     # The VAE's own input channels (RGBA VAEs take 4: alpha passes through); extra channels are
     # dropped, fewer are padded by core where it can (0.33's vae_encode_crop_pixels).
-    x = vae.vae_encode_crop_pixels(pixels[..., :input_channels(vae)]).movedim(-1, 1)
+    # Where core's ratio is not the model's (TAEF2), crop to the model's first.
+    px = pixels[..., :input_channels(vae)]
+    x = vae.vae_encode_crop_pixels(crop_to_factor(px, s) if core_ratio_note(vae, "encode") else px).movedim(-1, 1)
     if shape.video:
         x = x.unsqueeze(2) if vae.not_video else x.movedim(1, 0).unsqueeze(0)
     model, dtype, device, out_dev = vae.first_stage_model, vae.vae_dtype, vae.device, vae.output_device

@@ -20,6 +20,8 @@ FIGURE_PATTERNS = [re.compile(p) for p in (
     rf"(cpu|disk|mps|(cuda|xpu|npu|mlu):\d+) {_N}( (B|KiB|MiB|GiB))?",  # device map: "cuda:0 10.8", "disk 1.6 MiB"
     rf"(fp8 \+ )?stream {_B}/step from (RAM|disk)", r"fp8 resident", r"as loaded", r"(fp8 \+ )?core dynamic VRAM",
     r"tiles \d+", r"no tiles",  # Memory Plan
+    rf"TE: ((fp8 \+ )?stream {_B}/text from (RAM|disk)|fp8 resident|as loaded|(fp8 \+ )?core dynamic VRAM)",
+    rf"DM2?: ((fp8 \+ )?stream {_B}/step from (RAM|disk)|fp8 resident|as loaded|(fp8 \+ )?core dynamic VRAM)",
     rf"unloaded {_B}", rf"VRAM freed {_B}", rf"cache released {_B}", r"\d+ models? loaded",
 )]
 

@@ -3,7 +3,9 @@
 The example workflows are ordinary user workflows. Two things cannot run on a CPU test
 machine as written, and are substituted here (and only here):
 - Wan's text encoder (CLIPLoader type ``wan`` → CLIPTextEncode): each such CLIPTextEncode
-  becomes ``MemoryKitTestWanTextEncode`` with the same text; the CLIPLoader is dropped.
+  becomes ``MemoryKitTestWanTextEncode`` with the same text; the CLIPLoader is dropped. Wired
+  through Memory Plan, the plan loses its ``clip`` input and the text encoders fed by its CLIP
+  output are substituted the same way.
 - Output file prefixes get the workflow's name, so outputs can be told apart.
 - Balanced Device Map's ``auto`` budgets keep a model on a CPU-only machine's one device: the
   tiny model gets :data:`TINY_DEVICE_MAP` (embeddings in RAM, blocks streamed from disk), so the
@@ -81,9 +83,19 @@ def load_example(name: str, object_info: dict) -> dict:
             n["inputs"].update(TINY_DEVICE_MAP)
     wan_clips = {nid for nid, n in api.items()
                  if n["class_type"] == "CLIPLoader" and n["inputs"].get("type") == "wan"}
-    for nid, n in list(api.items()):
-        if n["class_type"] == "CLIPTextEncode" and isinstance(n["inputs"].get("clip"), list) \
+    # A wan CLIP through Memory Plan: the plan gets no clip (the stand-in encodes apart), and the
+    # text encoders fed by its CLIP output (slot 2) are substituted as if fed by the loader.
+    planned = set()
+    for nid, n in api.items():
+        if n["class_type"] == "MemoryKitMemoryPlan" and isinstance(n["inputs"].get("clip"), list) \
                 and n["inputs"]["clip"][0] in wan_clips:
+            del n["inputs"]["clip"]
+            planned.add(nid)
+
+    def wan_clip(link) -> bool:
+        return isinstance(link, list) and (link[0] in wan_clips or (link[0] in planned and link[1] == 2))
+    for nid, n in list(api.items()):
+        if n["class_type"] == "CLIPTextEncode" and wan_clip(n["inputs"].get("clip")):
             api[nid] = {"class_type": "MemoryKitTestWanTextEncode",
                         "inputs": {"text": n["inputs"].get("text", ""), "tokens": 16}}
         elif n["class_type"] in SAVE_NODES and "filename_prefix" in n["inputs"]:
@@ -172,10 +184,11 @@ def plain_prompt(api: dict) -> dict:
         if ct in _PASSTHROUGH:
             redirect[(nid, 0)] = inp[_PASSTHROUGH[ct]]
             del api[nid]
-        elif ct == "MemoryKitMemoryPlan":  # MODEL and VAE passed through (outputs 0 and 1)
+        elif ct == "MemoryKitMemoryPlan":  # MODEL, VAE, CLIP, MODEL_2 passed through (outputs 0-3)
             redirect[(nid, 0)] = inp["model"]
-            if "vae" in inp:
-                redirect[(nid, 1)] = inp["vae"]
+            for slot, key in ((1, "vae"), (2, "clip"), (3, "model_2")):
+                if key in inp:
+                    redirect[(nid, slot)] = inp[key]
             del api[nid]
         elif ct in _CORE_EQUIVALENT:
             core, names = _CORE_EQUIVALENT[ct]

@@ -11,7 +11,7 @@ from pathlib import Path
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import lora, loras, models, wan22_models  # noqa: E402
+from harness import gguf_models, gguf_pack, lora, loras, models, wan22_models  # noqa: E402
 
 
 def ensure_all() -> None:
@@ -21,6 +21,9 @@ def ensure_all() -> None:
     loras.ensure_sd15_lora()
     loras.ensure_big_lora()
     loras.ensure_sized_lora()
+    if gguf_pack.available() is None:  # ComfyUI-GGUF unpacked once, the GGUF models written
+        gguf_pack.unpacked()
+        gguf_models.ensure_gguf_models()
 
 
 if __name__ == "__main__":

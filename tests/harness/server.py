@@ -1,7 +1,7 @@
 """A real ComfyUI server, started headless on a free loopback port, for tests and the demo.
 
 The server gets its own ``--base-directory`` (a temp folder): ``custom_nodes/`` holds links
-to this pack and to the test-only node folder, ``models/`` links to the generated models,
+to this pack, to the test-only node folder and to city96/ComfyUI-GGUF (see ``gguf_pack``), ``models/`` links to the generated models,
 ``output/``/``temp/``/``user/`` are fresh. Nothing in the ComfyUI tree is written, so a
 user's own checkout (``COMFYUI_PATH``) is safe.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from . import paths
+from . import gguf_pack, paths
 
 PACK_DIR_NAME = "ComfyUI-MemoryKit"
 TEST_NODES_DIR_NAME = "memorykit_test_nodes"
@@ -58,7 +58,11 @@ def free_port() -> int:
 def make_base_directory(base: Path, with_test_nodes: bool = True) -> Path:
     """Lay out a ComfyUI base directory in ``base`` (see module docstring); returns ``base``."""
     (base / "custom_nodes").mkdir(parents=True, exist_ok=True)
-    for name, target in [(PACK_DIR_NAME, paths.REPO)] + ([(TEST_NODES_DIR_NAME, paths.TEST_NODES)] if with_test_nodes else []):
+    links = [(PACK_DIR_NAME, paths.REPO)] + ([(TEST_NODES_DIR_NAME, paths.TEST_NODES)] if with_test_nodes else [])
+    gguf_dir = gguf_pack.unpacked()  # city96/ComfyUI-GGUF, when its tarball is there
+    if gguf_dir is not None:
+        links.append((gguf_pack.DIR_NAME, gguf_dir))
+    for name, target in links:
         link = base / "custom_nodes" / name
         if not link.exists():
             link.symlink_to(target, target_is_directory=True)

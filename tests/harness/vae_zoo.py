@@ -305,6 +305,18 @@ def taesd():
     return from_state_dict(m)
 
 
+def taef2():
+    """TAEF2, FLUX.2's tiny autoencoder (``EncoderFlux2`` / ``DecoderFlux2``: a 32-channel 8×
+    TAESD whose latent is folded 2×2 into 128 channels, 16×), core's own full-size model with
+    random weights, built as the VAE Loader builds ``taef2`` (``tae_latent_channels`` metadata).
+    Core's VAE object gives it a ratio of 8 (see ``vae_factors``)."""
+    from comfy.taesd.taesd import TAESD
+    m = _scaled_convs(_tiny(TAESD(latent_channels=128), 20), TAE_GAIN, 20)
+    m.vae_scale.data.fill_(1.0)
+    m.vae_shift.data.fill_(0.0)
+    return from_state_dict(m, metadata={"tae_latent_channels": 128})
+
+
 def taehv():
     """TAEHV / taew2.1 / lighttaew2_1 (16 channels, 8× spatial, 4× time; float32 weights, so
     core takes it for lighttaew2_1: no latent scaling): core's own full-size model (64-256 wide)."""
@@ -446,6 +458,7 @@ ZOO: dict[str, Entry] = {
     "hunyuan_image21": Entry(hunyuan_image21, False, "comfy.ldm.hunyuan_video.vae:Decoder"),
     "cogvideox": Entry(cogvideox, True, "comfy.ldm.cogvideo.vae:AutoencoderKLCogVideoX"),
     "taesd": Entry(taesd, False, "comfy.taesd.taesd:TAESD"),
+    "taef2": Entry(taef2, False, "comfy.taesd.taesd:DecoderFlux2"),
     "taehv": Entry(taehv, True, "comfy.taesd.taehv:TAEHV"),
     "seedvr2": Entry(seedvr2, True, "comfy.ldm.seedvr.vae:VideoAutoencoderKLWrapper"),
     "stage_a": Entry(stage_a, False, "comfy.ldm.cascade.stage_a:StageA"),
