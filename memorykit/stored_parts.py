@@ -148,8 +148,12 @@ def is_quantized(t: torch.Tensor) -> bool:
 
 
 def parts(t: torch.Tensor) -> list[torch.Tensor]:
-    """The plain tensors holding ``t``'s stored bytes (``[t]`` for a plain tensor); see module doc."""
-    a = adapter_for(t)
+    """The plain tensors holding ``t``'s stored bytes (``[t]`` for a plain tensor, and for a kind
+    no adapter knows: e.g. GGUF's, which :mod:`memorykit.weight_parts` decomposes); see module doc."""
+    try:
+        a = adapter_for(t)
+    except UnsupportedWeight:
+        return [t]
     return [t] if a is None else a.parts(t)
 
 
