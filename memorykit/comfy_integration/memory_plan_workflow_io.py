@@ -7,7 +7,6 @@ nodes use (:func:`.memory_plan_io.apply_plan` for a MODEL; the text-encoder tech
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 from .. import memory_plan as mp
 from .. import memory_plan_workflow as wf
@@ -28,15 +27,6 @@ def vae_figures(vae) -> mp.ModelFigures:
     return mp.ModelFigures((), int(vae.patcher.model_size()), label=type(vae.first_stage_model).__name__)
 
 
-def _text_encoder_api():
-    """The pack's text-encoder techniques (``comfy_integration.text_encoder``), or None when this
-    version of the pack has none."""
-    try:
-        return importlib.import_module(f"{__package__}.text_encoder")
-    except ImportError:
-        return None
-
-
 def apply_clip(clip, d: wf.Decision, machine: mp.Machine, disk_folder: str = ""):
     """Apply a text encoder's pick (fp8, then Group Offload block_level to RAM or disk) with the
     text-encoder techniques. Returns ``(CLIP, applied, note)``; ``note`` says what could not be
@@ -44,10 +34,7 @@ def apply_clip(clip, d: wf.Decision, machine: mp.Machine, disk_folder: str = "")
     pick, out, applied = d.pick, clip, {}
     if not pick.fp8 and pick.offload_to is None:
         return out, applied, ""
-    te = _text_encoder_api()
-    if te is None or not hasattr(te, "text_encoder_fp8") or not hasattr(te, "text_encoder_group_offload"):
-        return clip, applied, (f"{d.component.name}: {pick.name} planned but not applied: this version of the pack "
-                               "has no text-encoder techniques; the CLIP is passed on as loaded.")
+    from . import text_encoder as te  # imported here: it pulls in the offload and fp8 patchers
     if pick.fp8:
         out, applied["fp8"] = te.text_encoder_fp8(out)
     if pick.offload_to is not None:
