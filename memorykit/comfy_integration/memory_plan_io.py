@@ -293,6 +293,20 @@ class PlannedVAE:
         return tiled_vae_encode(self, pixel_samples, self._planned_options())[0]
 
 
+def plan_noting_disk(make_plan, disk_problem: str | None):
+    """``make_plan()``, with why no disk was planned with (a blocked offload folder) as the plan's
+    first reason, or appended to the PlanError when no plan fits."""
+    try:
+        plan = make_plan()
+    except mp.PlanError as e:
+        if disk_problem:
+            raise mp.PlanError(f"{e} (No disk was planned with: {disk_problem})") from None
+        raise
+    if disk_problem:
+        plan.reasons.insert(0, f"No disk was planned with: {disk_problem}")
+    return plan
+
+
 def planned_vae(vae, tile_px: int | None):
     """``vae`` itself when ``tile_px`` is None, else a shallow copy (same weights and patcher)
     whose decode/encode tile at ``tile_px`` and which carries ``memorykit_tile_px``."""
@@ -343,14 +357,8 @@ def memory_plan(model, vae=None, latent=None, plan_for: str = "this machine", vr
                              else (given_machine(vram_gb, ram_gb, disk_gb), None))
     shape = latent_shape(latent, model, width, height, frames)
     figures = model_figures(model, shape)
-    try:
-        plan = mp.make_plan(machine, figures, mp.PlanOptions(allow_fp8=allow_fp8, prefer=prefer))
-    except mp.PlanError as e:
-        if disk_problem:
-            raise mp.PlanError(f"{e} (No disk was planned with: {disk_problem})") from None
-        raise
-    if disk_problem:
-        plan.reasons.insert(0, f"No disk was planned with: {disk_problem}")
+    plan = plan_noting_disk(lambda: mp.make_plan(machine, figures, mp.PlanOptions(allow_fp8=allow_fp8, prefer=prefer)),
+                            disk_problem)
     if vae is not None:
         plan.tile_px, sentence = plan_tiles(vae, machine, shape)
         plan.reasons.insert(-1, sentence)

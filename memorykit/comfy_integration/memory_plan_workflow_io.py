@@ -82,14 +82,7 @@ def memory_plan_workflow(model, vae=None, latent=None, plan_for: str = "this mac
     if vae is not None:
         comps.append(wf.Component("VAE", "VAE", vae_figures(vae)))
     opts = mp.PlanOptions(allow_fp8=allow_fp8, prefer=prefer)
-    try:
-        plan = wf.plan_workflow(machine, comps, opts)
-    except mp.PlanError as e:
-        if disk_problem:
-            raise mp.PlanError(f"{e} (No disk was planned with: {disk_problem})") from None
-        raise
-    if disk_problem:
-        plan.reasons.insert(0, f"No disk was planned with: {disk_problem}")
+    plan = io.plan_noting_disk(lambda: wf.plan_workflow(machine, comps, opts), disk_problem)
     tile_px = None
     if vae is not None:
         tile_px, sentence = io.plan_tiles(vae, machine, shape)
