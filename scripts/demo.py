@@ -4,23 +4,32 @@ For every example workflow a real ComfyUI, headless, runs (1) the plain baseline
 workflow with the MemoryKit nodes bypassed, Tiled VAE replaced by core's VAE Decode, a
 MemoryKit loader replaced by core's plain loader of the same model — and (2) the workflow as
 written, each in a fresh server, so neither peak includes what an earlier run left behind.
-It prints, per workflow: wall time, peak memory (VRAM from the Memory Report nodes on a GPU,
-the server's RSS high-water mark on a CPU) plain vs MemoryKit, their ratio, and the MemoryKit
-nodes' own figures (their badges). Outputs are saved to ``demo_output/<workflow>/``.
+It prints, per workflow: wall time, peak memory (VRAM from the Memory Report nodes on a GPU;
+on a CPU the server's RSS, from the first sampling step on or over the whole run, see
+``demo_table.CPU_NOTES``) plain vs MemoryKit, their ratio and difference, how far the
+MemoryKit output is from the plain one, and the MemoryKit nodes' own figures (their badges).
+Outputs are saved to ``demo_output/<workflow>/``.
 
 The models are generated with random weights (no download), so the images and videos are
-noise: the demo shows memory and time, not pictures.
+noise, except the Tiled VAE row's photograph (TAEF2, trained weights; see ``demo_setup``).
+The demo sets sizes where a template's would show nothing on a CPU (``demo_setup``): a 2.0 GiB
+stand-in diffusion model for the model-size techniques, a photograph large enough that the
+untiled decode holds gigabytes.
 
 Run with ``make demo`` (which runs scripts/setup.sh first). ComfyUI: ``$COMFYUI_PATH`` if set
-(0.3.75 and 0.33.0 are tested), else the 0.3.75 tree set-up made. About 15 minutes on 2 CPU
-cores (20 server starts and runs); ``--only NAME ...`` runs a few workflows.
+(0.3.75 and 0.33.0 are tested), else the 0.3.75 tree set-up made. ``--only NAME ...`` runs a
+few workflows; ``--markdown docs/demo.md`` writes the table that docs/demo.md holds (and
+``python scripts/docs_figures.py`` quotes it in README.md). Time and disk: docs/demo.md.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,10 +39,15 @@ import torch  # noqa: E402
 
 from harness import examples, models, paths  # noqa: E402
 from harness.server import ComfyServer, PromptRejected  # noqa: E402
+from harness.ws import WsListener  # noqa: E402
+
+import demo_setup  # noqa: E402
+import demo_table  # noqa: E402
 
 
-def _gib(n: float | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f}"
+SAMPLERS = {"KSampler", "KSamplerAdvanced", "SamplerCustom", "SamplerCustomAdvanced"}
+LOADER_TECHNIQUES = {"MemoryKitShardedCheckpointLoader", "MemoryKitShardedTextEncoderLoader",
+                     "MemoryKitGroupOffloadLoader"}
 
 
 def peak_of(r: dict, on_gpu: bool) -> float | None:
@@ -42,6 +56,13 @@ def peak_of(r: dict, on_gpu: bool) -> float | None:
         return r.get("peak_rss_bytes")
     peaks = [max(d["peak_allocated_bytes"] for d in rep["cuda"]) for rep in r["reports"].values() if rep.get("cuda")]
     return max(peaks) if peaks else None
+
+
+def peak_kind(prompt: dict) -> str:
+    """'S' (from the first sampling step on) for a workflow that samples, unless its technique is
+    a loader; 'W' (the whole run) otherwise. See demo_table.CPU_NOTES."""
+    kinds = {n["class_type"] for n in prompt.values()}
+    return "S" if kinds & SAMPLERS and not kinds & LOADER_TECHNIQUES else "W"
 
 
 def node_figures(r: dict, prompt: dict) -> list[str]:
@@ -54,15 +75,53 @@ def node_figures(r: dict, prompt: dict) -> list[str]:
     return out
 
 
+def run_watched(srv: ComfyServer, name: str, prompt: dict, timeout: float = 900) -> dict:
+    """Run one prompt like ``examples.run_prompt``, and also read the RSS peak from the first
+    sampling step on: the high-water mark is reset when the first sampler reports progress, and
+    the peak is the largest reading after that (``peak_sampling_bytes``; None without a sampler)."""
+    memory = paths.memory_module()
+    samplers = {nid for nid, n in prompt.items() if n["class_type"] in SAMPLERS}
+    state: dict = {}
+    with WsListener(srv) as ws:
+        def watch():
+            try:
+                ws.wait_for(lambda m: m.get("type") == "progress" and m.get("data", {}).get("node") in samplers,
+                            timeout=timeout)
+            except TimeoutError:
+                return
+            memory.reset_host_peak(srv.pid)
+            with ws._cond:
+                state["after"] = len(ws.messages)
+        if samplers:
+            threading.Thread(target=watch, daemon=True).start()
+        memory.reset_host_peak(srv.pid)
+        t0 = time.time()
+        res = srv.run(prompt, timeout=timeout)
+        seconds = time.time() - t0
+        final = memory.host_memory(srv.pid).rss_peak_bytes
+        with ws._cond:
+            later = ws.messages[state["after"]:] if "after" in state else []
+    reports = examples.memorykit_reports(res)
+    peak = max([final] + [r["host"]["rss_peak_bytes"] for r in reports.values() if "host" in r])
+    after = {m["data"]["node"] for m in later if m.get("type") == "executed"}
+    sampling = (max([final] + [reports[n]["host"]["rss_peak_bytes"] for n in after if "host" in reports.get(n, {})])
+                if "after" in state else None)
+    return {"name": name, "status": res.status, "error": res.error, "seconds": seconds, "peak_rss_bytes": peak,
+            "peak_sampling_bytes": sampling, "reports": reports, "result": res}
+
+
 def run_fresh(name: str, prompt: dict, out_dir: Path | None) -> dict:
     """Run one API prompt in a fresh server; copy its outputs to ``out_dir``."""
-    with ComfyServer() as srv:
+    srv = ComfyServer()
+    demo_setup.prepare_server(name, srv.base)
+    with srv:
         try:
-            r = examples.run_prompt(srv, name, prompt)
+            r = run_watched(srv, name, prompt)
         except PromptRejected as e:
             return {"name": name, "status": "rejected", "error": e.body, "seconds": 0.0, "peak_rss_bytes": None,
-                    "reports": {}}
+                    "peak_sampling_bytes": None, "reports": {}}
         if out_dir is not None:
+            shutil.rmtree(out_dir, ignore_errors=True)
             out_dir.mkdir(parents=True, exist_ok=True)
             for src in examples.output_files(srv, r["result"]):
                 if src.is_file():
@@ -71,52 +130,95 @@ def run_fresh(name: str, prompt: dict, out_dir: Path | None) -> dict:
     return r
 
 
+def disk_used(prompts: list[dict]) -> dict[str, int]:
+    """Path → bytes of the generated model files the demo's prompts read (folders counted whole)."""
+    seen, total = set(), {}
+    for prompt in prompts:
+        for n in prompt.values():
+            for v in n["inputs"].values():
+                if not isinstance(v, str):
+                    continue
+                for p in list(paths.MODELS.glob(f"*/{v}")) + list(paths.MODELS.glob(f"demo/{v}")):
+                    if p in seen:
+                        continue
+                    seen.add(p)
+                    total[str(p)] = (sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir()
+                                     else p.stat().st_size)
+    return total
+
+
+def report(rows: list[dict], minutes: float, disk: dict[str, int], on_gpu: bool, markdown: str | None) -> bool:
+    """Print the table (and write it as Markdown); True when every run succeeded."""
+    kind = "VRAM from the Memory Report nodes" if on_gpu else "server RSS"
+    header = [f"{len(rows)} example workflows, each run plain (MemoryKit nodes bypassed, Tiled VAE → core's VAE "
+              "Decode, MemoryKit loaders → core's loaders) and as written, each in a fresh ComfyUI server. "
+              f"Peaks in GiB ({kind}); error vs plain: relative L2 difference of the saved images and frames. "
+              "The models are generated with random weights (no download): their images are noise, except "
+              "the Tiled VAE row's when it decodes a photograph with trained weights."]
+    footer = ([] if on_gpu else demo_table.CPU_NOTES) + [
+        f"Measured: {minutes:.0f} minutes for the {2 * len(rows)} runs on a {os.cpu_count()}-core machine "
+        f"shared with other work; the generated model files the workflows read take {sum(disk.values()) / 1e9:.1f} GB."]
+    print()
+    for line in header + demo_table.text_table(rows) + [""] + footer:
+        print(line)
+    ok = all(r["plain"]["status"] == "success" and r["memorykit"]["status"] == "success" for r in rows)
+    for row in rows:
+        for label, r in (("plain", row["plain"]), ("MemoryKit", row["memorykit"])):
+            if r["status"] != "success":
+                print(f"{row['name']}: {label} run {r['status']}: {json.dumps(r['error'])[:600]}")
+    if markdown:
+        Path(markdown).write_text(demo_table.markdown(rows, header, footer))
+    return ok
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="*", help="run only these example workflows (file stems)")
     ap.add_argument("--out", default=str(REPO / "demo_output"), help="where outputs are copied")
     ap.add_argument("--json", help="also write the results as JSON to this file")
+    ap.add_argument("--markdown", help="also write the table as Markdown to this file (docs/demo.md)")
+    ap.add_argument("--from-json", nargs="*", help="run nothing: the table of these --json files (parts of one "
+                    "demo run, rows in workflow order)")
     args = ap.parse_args(argv)
+    on_gpu = torch.cuda.is_available()
+    if args.from_json:
+        parts = [json.loads(Path(f).read_text()) for f in args.from_json]
+        rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: r["name"])
+        disk = {k: v for p in parts for k, v in p["disk"].items()}
+        return 0 if report(rows, sum(p["minutes"] for p in parts), disk, parts[0].get("on_gpu", False),
+                           args.markdown) else 1
 
     print("Generating the models (first run only) ...", flush=True)
-    models.ensure_models()
     names = args.only or examples.example_names()
-    on_gpu = torch.cuda.is_available()
+    models.ensure_models(("sd15", "wan"))
+    demo_setup.ensure_demo_models(names)
     print(f"ComfyUI: {paths.comfyui_path()}  ({'GPU: peak = VRAM' if on_gpu else 'CPU: peak = server RSS'})", flush=True)
     with ComfyServer() as srv:
         oi = srv.object_info()
-    rows = []
+    rows, prompts = [], []
+    t_runs = time.time()
     for name in names:
         mk = examples.load_example(name, oi)
+        notes = demo_setup.adjust_prompt(name, mk)
         plain = examples.plain_prompt(mk)
+        prompts.append(mk)
         print(f"  {name}: plain ...", end="", flush=True)
         rp = run_fresh(name, plain, Path(args.out) / name / "plain")
         print(f" {rp['status']}, MemoryKit ...", end="", flush=True)
         rm = run_fresh(name, mk, Path(args.out) / name / "memorykit")
         print(f" {rm['status']}", flush=True)
-        rows.append({"name": name, "plain": rp, "memorykit": rm, "figures": node_figures(rm, mk)})
-
-    kind = "VRAM" if on_gpu else "RSS"
-    print()
-    print("The models have random weights: the images and videos are noise. Peaks in GiB "
-          f"({'VRAM from the Memory Report nodes' if on_gpu else 'server RSS high-water mark'}), each run in a fresh server.")
-    print(f"{'workflow':<32} {'plain s':>8} {'MK s':>8} {'plain ' + kind:>10} {'MK ' + kind:>8} {'MK/plain':>9}")
-    print("-" * 80)
-    ok = True
-    for row in rows:
-        p, m = row["plain"], row["memorykit"]
-        ok &= p["status"] == "success" and m["status"] == "success"
-        pp, pm = peak_of(p, on_gpu), peak_of(m, on_gpu)
-        ratio = f"{pm / pp:.2f}×" if pp and pm else "-"
-        print(f"{row['name']:<32} {p['seconds']:>8.1f} {m['seconds']:>8.1f} {_gib(pp):>10} {_gib(pm):>8} {ratio:>9}")
-        for f in row["figures"]:
-            print(f"    {f}")
-        for label, r in (("plain", p), ("MemoryKit", m)):
-            if r["status"] != "success":
-                print(f"    {label} run {r['status']}: {json.dumps(r['error'])[:600]}")
+        if on_gpu:
+            rp["peak_rss_bytes"], rm["peak_rss_bytes"] = peak_of(rp, True), peak_of(rm, True)
+        rows.append({"name": name, "plain": rp, "memorykit": rm, "figures": node_figures(rm, mk), "notes": notes,
+                     "peak_kind": "W" if on_gpu else peak_kind(mk),
+                     "error": demo_table.output_error(Path(args.out) / name / "plain", Path(args.out) / name / "memorykit")})
+    minutes = (time.time() - t_runs) / 60
+    disk = disk_used(prompts)
+    ok = report(rows, minutes, disk, on_gpu, args.markdown)
     print(f"\nOutputs in {args.out}/<workflow>/plain and /memorykit.")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+        Path(args.json).write_text(json.dumps({"rows": rows, "minutes": minutes, "disk": disk, "on_gpu": on_gpu},
+                                              indent=1, default=str))
     return 0 if ok else 1
 
 
