@@ -136,7 +136,7 @@ def disk_used(prompts: list[dict]) -> dict[str, int]:
     for prompt in prompts:
         for n in prompt.values():
             for v in n["inputs"].values():
-                if not isinstance(v, str):
+                if not isinstance(v, str) or not v.strip() or "/" in v:
                     continue
                 for p in list(paths.MODELS.glob(f"*/{v}")) + list(paths.MODELS.glob(f"demo/{v}")):
                     if p in seen:
