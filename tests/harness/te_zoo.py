@@ -234,13 +234,15 @@ def _init_(module: torch.nn.Module, seed: int) -> None:
                 t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.dtype) * 0.02)
 
 
-def build(name: str, full_size: bool = False):
+def build(name: str, full_size: bool = False, model_options: dict | None = None):
     """A ``comfy.sd.CLIP`` of entry ``name``: tiny on the CPU (float32, initialised), or with
-    ``full_size`` the real configuration on the meta device (no memory; for coverage only)."""
+    ``full_size`` the real configuration on the meta device (no memory; for coverage only).
+    ``model_options`` are added to core's (e.g. ``custom_operations``, as another pack's loader passes)."""
     import comfy.sd
     spec = SPECS[name]
     cpu, meta = torch.device("cpu"), torch.device("meta")
-    opts = {"load_device": cpu, "offload_device": cpu, "initial_device": meta, "dtype": torch.float32}
+    opts = {"load_device": cpu, "offload_device": cpu, "initial_device": meta, "dtype": torch.float32,
+            **(model_options or {})}
     if not full_size:
         for model_name, cfg in spec.configs.items():
             opts[f"{model_name}_model_config"] = dict(cfg)
