@@ -234,10 +234,11 @@ def _init_(module: torch.nn.Module, seed: int) -> None:
                 t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.dtype) * 0.02)
 
 
-def build(name: str, full_size: bool = False, model_options: dict | None = None):
+def build(name: str, full_size: bool = False, config: dict | None = None, model_options: dict | None = None):
     """A ``comfy.sd.CLIP`` of entry ``name``: tiny on the CPU (float32, initialised), or with
     ``full_size`` the real configuration on the meta device (no memory; for coverage only).
-    ``model_options`` are added to core's (e.g. ``custom_operations``, as another pack's loader passes)."""
+    ``config`` updates each tiny config (e.g. a wider MLP); ``model_options`` are added to core's
+    (e.g. ``custom_operations``, as another pack's loader passes)."""
     import comfy.sd
     spec = SPECS[name]
     cpu, meta = torch.device("cpu"), torch.device("meta")
@@ -245,7 +246,7 @@ def build(name: str, full_size: bool = False, model_options: dict | None = None)
             **(model_options or {})}
     if not full_size:
         for model_name, cfg in spec.configs.items():
-            opts[f"{model_name}_model_config"] = dict(cfg)
+            opts[f"{model_name}_model_config"] = dict(cfg, **(config or {}))
     holder = type("ClipTarget", (), {})()  # core's ClipTarget: a plain holder of these three
     holder.clip, holder.params = spec.clip(), {}
     holder.tokenizer = lambda embedding_directory=None, tokenizer_data=None, **kw: None if full_size else _tokenizer(name)
