@@ -329,22 +329,15 @@ class _TextEncoderDeviceMixin:
         self._unload_if_elsewhere(device_to)
         return super().partially_load(device_to, *args, **kwargs)
 
-<<<<<<< HEAD
     def load(self, device_to=None, *args, **kwargs):
         self._unload_if_elsewhere(device_to)
         return super().load(device_to, *args, **kwargs)
-=======
-    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
-        self._unload_if_elsewhere(device_to)  # keywords: ComfyUI-GGUF's load takes force_patch_weights by keyword only
-        return super().load(device_to, lowvram_model_memory=lowvram_model_memory,
-                            force_patch_weights=force_patch_weights, full_load=full_load)
 
     def clone(self, *args, **kwargs):
         n = super().clone(*args, **kwargs)
         if type(n) is not type(self) and isinstance(self, type(n)):
             n.__class__ = type(self)  # ComfyUI-GGUF's clone makes every clone a plain GGUFModelPatcher
         return n
->>>>>>> main
 
     def detach(self, unpatch_all=True):
         # unpatch_all=False outside garbage collection: load_models_gpu hands the weights to another
