@@ -3,22 +3,21 @@
 
 - A folder field (Group Offload's ``disk_folder``, Balanced Device Map's ``offload_folder``, the
   text-encoder offload's) holding NUL or an unpaired surrogate (JSON ``\\u0000`` / ``\\ud800``),
-  a path longer than the file system allows, a file on its way or a symlink loop said
-  "does not exist: create it or choose another folder" (it cannot be created): now each says
+  a path longer than the file system allows or a file on its way said "does not exist: create
+  it or choose another folder" (it cannot be created), a symlink loop "is a symlink to ...,
+  which does not exist" (it does): now each says
   what is wrong, naming the field, and a 5000-character path is not printed whole.
-- Text Encoder Device on a CLIP loaded by city96's CLIPLoaderGGUF (its ``GGUFModelPatcher``)
-  raised ``TypeError: ModelPatcher.load() got multiple values for argument
-  'force_patch_weights'`` at the first encode (the device patcher passed core's arguments by
-  position to a ``load(*args, force_patch_weights=..., **kwargs)``).
+(Text Encoder Device on a CLIP from city96's CLIPLoaderGGUF raised ``TypeError: ModelPatcher.load()
+got multiple values for argument 'force_patch_weights'``: fixed with the same test landing at the
+same time, ``test_text_encoders.py::test_format_device_is_exact``.)
 """
 from __future__ import annotations
 
 import os
 
 import pytest
-import torch
 
-from harness import gguf_pack, paths
+from harness import paths
 
 paths.technique_package()
 from memorykit_tech import offload  # noqa: E402
@@ -63,42 +62,3 @@ def test_round4_folder_fields_of_the_nodes_name_themselves(comfy, tmp_path):
     with pytest.raises(RuntimeError, match=r"^disk_folder .*cannot be part of a path"):
         ci.prepare_group_offload(plain, settings)
     assert os.listdir(tmp_path) == []
-
-
-@pytest.mark.skipif(gguf_pack.available() is not None and not os.environ.get("REQUIRE_COMFYUI_033"),
-                    reason=f"GGUF models cannot be tested here: {gguf_pack.available()}")
-def test_round4_text_encoder_device_on_a_clip_from_the_gguf_loader(comfy):
-    """A tiny CLIP-L built as ``CLIPLoaderGGUF.load_patcher`` builds one (city96's GGMLOps
-    layers loaded from a state dict, then ``GGUFModelPatcher.clone`` of core's patcher), then Text Encoder Device (cpu):
-    the conditioning is the plain GGUF CLIP's bit for bit, and the input CLIP keeps its patcher
-    class and weights."""
-    import comfy.model_management as mm
-
-    from comfyui_memorykit.memorykit.comfy_integration import text_encoder as te
-    from harness import te_zoo
-    gnodes = gguf_pack.load_in_process()
-    if te_zoo.available("clip_l"):
-        pytest.skip(te_zoo.available("clip_l"))
-    weights = te_zoo.build("clip_l").cond_stage_model.state_dict()
-    clip = te_zoo.build("clip_l", model_options={"custom_operations": gnodes.GGMLOps})
-    clip.load_sd(weights, full_model=True)  # GGMLOps layers take their weights from a state dict
-    clip.patcher = gnodes.GGUFModelPatcher.clone(clip.patcher)
-    cls = type(clip.patcher)
-
-    def encode(c):
-        out = te_zoo.encode(c)["cond"]
-        mm.unload_all_models()
-        return out
-
-    try:
-        reference = encode(clip)
-        snapshot = {k: v.clone() for k, v in clip.cond_stage_model.state_dict().items()}
-        placed, info = te.text_encoder_device(clip, "cpu")
-        assert info["device"] == "cpu"
-        assert torch.equal(encode(placed), reference)
-        assert type(clip.patcher) is cls
-        now = clip.cond_stage_model.state_dict()
-        assert all(torch.equal(now[k], v) for k, v in snapshot.items())
-        assert torch.equal(encode(clip), reference)
-    finally:
-        mm.unload_all_models()

@@ -234,16 +234,14 @@ def _init_(module: torch.nn.Module, seed: int) -> None:
                 t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.dtype) * 0.02)
 
 
-def build(name: str, full_size: bool = False, config: dict | None = None, model_options: dict | None = None):
+def build(name: str, full_size: bool = False, config: dict | None = None):
     """A ``comfy.sd.CLIP`` of entry ``name``: tiny on the CPU (float32, initialised), or with
     ``full_size`` the real configuration on the meta device (no memory; for coverage only).
-    ``config`` updates each tiny config (e.g. a wider MLP); ``model_options`` are added to core's
-    (e.g. ``custom_operations``, as another pack's loader passes)."""
+    ``config`` updates each tiny config (e.g. a wider MLP)."""
     import comfy.sd
     spec = SPECS[name]
     cpu, meta = torch.device("cpu"), torch.device("meta")
-    opts = {"load_device": cpu, "offload_device": cpu, "initial_device": meta, "dtype": torch.float32,
-            **(model_options or {})}
+    opts = {"load_device": cpu, "offload_device": cpu, "initial_device": meta, "dtype": torch.float32}
     if not full_size:
         for model_name, cfg in spec.configs.items():
             opts[f"{model_name}_model_config"] = dict(cfg, **(config or {}))
