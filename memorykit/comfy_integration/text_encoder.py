@@ -322,14 +322,16 @@ class _TextEncoderDeviceMixin:
                 and torch.device(dev) != torch.device(device_to)):
             self.unpatch_model(self.offload_device, unpatch_weights=True)
 
-    def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
+    # The arguments go on as they came: the base may be another pack's patcher with its own
+    # signature (city96's GGUFModelPatcher.load(*args, force_patch_weights=..., **kwargs)) or
+    # core's dynamic one (load(..., dirty=...)).
+    def partially_load(self, device_to, *args, **kwargs):
         self._unload_if_elsewhere(device_to)
-        return super().partially_load(device_to, extra_memory, force_patch_weights)
+        return super().partially_load(device_to, *args, **kwargs)
 
-    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
-        self._unload_if_elsewhere(device_to)  # keywords: ComfyUI-GGUF's load takes force_patch_weights by keyword only
-        return super().load(device_to, lowvram_model_memory=lowvram_model_memory,
-                            force_patch_weights=force_patch_weights, full_load=full_load)
+    def load(self, device_to=None, *args, **kwargs):
+        self._unload_if_elsewhere(device_to)
+        return super().load(device_to, *args, **kwargs)
 
     def clone(self, *args, **kwargs):
         n = super().clone(*args, **kwargs)
