@@ -1,9 +1,9 @@
 """The zoo's format axis: architectures of the model zoo as core loads their fp8_scaled
 checkpoints (legacy ``scaled_fp8`` and per-layer ``comfy_quant`` "mixed", e4m3 + e5m2 + layers
 left in bf16; :func:`harness.quant_models.build_zoo_quantized`), through Group Offload (disk,
-block_level), bit-exact against the plain quantized model; FP8 Layerwise Cast (refuses with a
-message: every layer it would cast is already stored quantized or left in bf16 by the file, and
-the model stays as it was), Memory Plan (counts the stored bytes, offers no fp8) and Save Sharded
+block_level), bit-exact against the plain quantized model; FP8 Layerwise Cast (every layer
+it would cast is already stored quantized or left in bf16 by the file: the model passes through
+unchanged and the text says why), Memory Plan (counts the stored bytes, offers no fp8) and Save Sharded
 (the shards, loaded back, compute the plain quantized model's output bit for bit).
 
 A representative subset, not the whole zoo: the architectures Comfy-Org ships fp8_scaled files
@@ -73,9 +73,10 @@ def _stored(dm) -> tuple[int, dict]:
     return sum(stored_parts.stored_nbytes(t) for t in list(dm.parameters()) + list(dm.buffers())), parts
 
 
-def test_fp8_cast_on_quantized_zoo_refuses_leaving_the_model_as_stored(qarch):
+def test_fp8_cast_on_quantized_zoo_passes_the_model_through_as_stored(qarch):
     """Nothing left to cast (the quantized layers and a mixed file's bf16 layers are left as stored):
-    a message that says so, no second quantization, the loaded model untouched. No forward."""
+    the input MODEL passes through unchanged, the text says why, no second quantization, the
+    loaded model untouched. No forward."""
     from comfyui_memorykit.memorykit import comfy_integration as ci
     from comfyui_memorykit.memorykit import fp8, stored_parts
     total, before = _stored(qarch.dm)
@@ -84,8 +85,11 @@ def test_fp8_cast_on_quantized_zoo_refuses_leaving_the_model_as_stored(qarch):
     assert quantized <= set(plan.kept) and not plan.cast
     if qarch.layout == "mixed":  # every third block Linear left in bf16 by the file, listed as kept
         assert any("by the checkpoint's per-layer format" in r for r in plan.kept.values())
-    with pytest.raises(ValueError, match="already stored quantized.*left as stored.*nothing to cast"):
-        ci.fp8_layerwise_cast(qarch.patcher)
+    out, info = ci.fp8_layerwise_cast(qarch.patcher)
+    assert out is qarch.patcher and info["cast_layers"] == 0
+    text = ci.format_fp8_info(info)
+    assert "passed through unchanged" in text and "already stored quantized" in text and "left as stored" in text
+    assert info["weight_bytes_before"] == info["weight_bytes_after"] == qarch.patcher.model_size()
     after = _stored(qarch.dm)
     assert after[0] == total and all(all(map(torch.equal, after[1][n], ps)) for n, ps in before.items())
     assert not qarch.patcher.object_patches
