@@ -4,9 +4,13 @@ model (the templates' sizes and steps are small so the demo and the tests run on
 
 # The templates' image/video sizes and step counts are the test fixtures'; said once per Note.
 _SD15_SIZE = " For real use: 512x512 (Empty Latent Image) and 20 steps."
-_SD15_REAL = _SD15_SIZE + " The checkpoint is listed with its download URL in the loader's properties."
-_WAN_REAL = (" For real use: 832x480 and 33-81 frames (Empty latent) and 20-30 steps; the loaders' models are "
-             "listed with their download URLs in the nodes' properties.")
+_SD15_REAL = _SD15_SIZE + (" The checkpoint goes in models/checkpoints; when it is missing, ComfyUI offers its "
+                           "download link as you open the workflow.")
+_WAN_REAL = (" For real use: 832x480 and 33-81 frames (Empty latent) and 20-30 steps. The files go in "
+             "models/diffusion_models, models/text_encoders and models/vae; ComfyUI offers the download link of "
+             "each missing one as you open the workflow.")
+_VAE_REAL = (" The VAE goes in models/vae; when it is missing, ComfyUI offers its download link as you open the "
+             "workflow.")
 
 NOTES = {
     "memory_report_sd15": "Memory Report: SD1.5 text-to-image with a Memory Report after sampling and after "
@@ -31,7 +35,7 @@ NOTES = {
                             "encoder folder is any folder of shards + model.safetensors.index.json in "
                             "models/text_encoders/ (e.g. a Hugging Face repository's text_encoder/). For your "
                             "own model pick its folder in models/diffusion_models/ (e.g. FLUX.1-dev/transformer)."
-                            + _SD15_SIZE,
+                            + _SD15_SIZE + _VAE_REAL,
     "group_offload_wan21_t2v": "Group Offload: Wan 2.1's blocks kept on disk and streamed to the GPU just "
                                "in time (offload_to cpu keeps them in RAM instead: faster when RAM holds the "
                                "model). The badge shows resident bytes, bytes streamed per forward and the "
@@ -39,8 +43,8 @@ NOTES = {
                                "user/__memorykit/offload (name a fast SSD)." + _WAN_REAL,
     "combined_sd15": "Every technique in one graph: sharded loaders -> FP8 Layerwise Cast -> Group Offload -> "
                      "KSampler -> Tiled VAE Decode -> Memory Report. The sharded folders are made as in the "
-                     "sharded_loaders_sd15 template. Tiled VAE's 128 px tiles suit the 256x256 demo; use 512."
-                     + _SD15_SIZE,
+                     "sharded_loaders_sd15 template. Tiled VAE's 128 px tiles suit this template's 256x256; "
+                     "use 512." + _SD15_SIZE + _VAE_REAL,
     "tiled_vae_sd15": "Tiled VAE Decode: the image decoded in overlapping tiles (here 128 px with 32 px overlap: "
                       "a 3x3 grid on 256x256), seams cross-faded. The badge shows the tile grid and the peak "
                       "memory. From 512x512 up use tile_size 512 / overlap 64, or set memory_budget_gb and the "
@@ -65,7 +69,7 @@ NOTES = {
                                             "plan_for = this machine to measure it), and the Empty latent's size "
                                             "to your video's (the plan reads it)." + _WAN_REAL,
     "tiled_vae_wan21_t2v": "Tiled VAE Decode on Wan 2.1 video: tiles in space, time kept whole (causal cache). "
-                           "The badge shows the tile grid and the peak memory. The 64 px tiles suit the 128x128 "
-                           "demo; for 832x480 use tile_size 256-512 / overlap 64, or set memory_budget_gb."
+                           "The badge shows the tile grid and the peak memory. The 64 px tiles suit this template's "
+                           "128x128; for 832x480 use tile_size 256-512 / overlap 64, or set memory_budget_gb."
                            + _WAN_REAL,
 }
