@@ -187,6 +187,9 @@ def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str
     ``(pattern, reason)`` pair a preset's, matched by ``re``) matches, when its weight
     is not float32/float16/bfloat16 (already quantised, e.g. core's fp8 weight dtype), or when
     it holds parameters/buffers other than ``weight``/``bias`` (e.g. core's scaled-fp8 ops).
+    Layers that are no torch Linear/Conv are not cast; listed as kept when their weight is
+    quantised, or high precision in a Linear-like layer (``in_features``: the layers a
+    per-layer "mixed" fp8 checkpoint deliberately left in bf16).
     ``get_module(name, module)`` may map a module found in the tree to the one to inspect
     (ComfyUI: the original behind an object patch). ``check()`` runs before each module (ComfyUI:
     its interrupt check, so Cancel stops a long plan).
@@ -208,6 +211,10 @@ def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str
             w = m._parameters.get("weight")
             if w is not None and stored_parts.is_quantized(w):  # core's quantized layers are no nn.Linear
                 plan.kept[name] = f"already quantised ({stored_parts.describe(w)}): left as stored"
+            elif (w is not None and hasattr(m, "in_features") and type(w.data) is torch.Tensor
+                  and w.dtype in HIGH_PRECISION):  # a Linear of the loader's own kind, e.g. a mixed-format file's bf16 layer
+                plan.kept[name] = (f"left in {str(w.dtype).replace('torch.', '')} by the checkpoint's per-layer "
+                                   "format: left as stored")
             continue
         why = next((w for search, w in compiled if search(name)), None)
         if why is None:

@@ -352,6 +352,12 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
         return m
 
     plan = fp8.plan_layers(dm, patterns, get_module=original, check=cmm.throw_exception_if_processing_interrupted)
+    stored = [r for r in plan.kept.values() if r.endswith("left as stored")]
+    if not plan.cast and stored:
+        raise ValueError(f"FP8 Layerwise Cast: this {family} model is already stored quantized: the {len(stored)} "
+                         f"layers it would cast are left as stored (no second quantization; e.g. {sorted(stored)[0]}), "
+                         "so there is nothing to cast. Connect the loader's MODEL to the next node directly: its "
+                         "weights already have their fp8 size.")
     if not plan.cast:
         reasons = sorted(set(plan.kept.values()))[:5]
         raise ValueError(f"FP8 Layerwise Cast: no layer of this {family} model left to cast (kept for: {reasons}). "

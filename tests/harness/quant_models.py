@@ -109,14 +109,21 @@ def build_zoo_quantized(name: str, layout: str):
     Core's file detection does not recognise the zoo's tiny configurations, so the model is
     built from the zoo's config and loaded with ``load_model_weights``. ComfyUI 0.33 only.
     Returns a ModelPatcher (cpu), loaded inside inference mode as the server loads."""
+    from . import zoo
+    return load_zoo_quantized(name, quantize_state_dict(dict(zoo.build(name).model.diffusion_model.state_dict()),
+                                                        layout))
+
+
+def load_zoo_quantized(name: str, q: dict):
+    """The zoo model ``name`` built from the quantized state dict ``q`` (either layout, or what Save
+    Sharded wrote: core's per-layer ``comfy_quant`` form), as :func:`build_zoo_quantized` loads it."""
     import comfy.model_patcher
     import comfy.supported_models as sm
     import comfy.utils
 
     from . import zoo
     spec = zoo.SPECS[name]
-    q = quantize_state_dict(dict(zoo.build(name).model.diffusion_model.state_dict()), layout)
-    q, _ = comfy.utils.convert_old_quants(q, "", {})
+    q, _ = comfy.utils.convert_old_quants(dict(q), "", {})
     with torch.inference_mode():
         mc = getattr(sm, spec.supported_model)(zoo._config(name))
         mc.set_inference_dtype(torch.float32, torch.float32)  # quantized layers compute in float32 on the CPU
