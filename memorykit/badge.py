@@ -58,6 +58,8 @@ def _peak(rep: dict) -> str | None:
 def _fp8(info: dict) -> list[str]:
     # "(core)": the Linear layers hold core's QuantizedTensor (fp8_core); the text has the full path.
     before, after = info["weight_bytes_before"], info["weight_bytes_after"]
+    if info.get("passed_through"):
+        return ["already quantized: passed through", f"{fmt_bytes(before)} as stored"]
     pct = round(100 * (after - before) / before) if before else 0
     sign = "−" if pct < 0 else "+"
     return [f"{fmt_bytes_pair(before, after)} ({sign}{abs(pct)} %)",

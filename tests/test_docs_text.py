@@ -56,3 +56,25 @@ def test_readme_figures_come_from_the_results_files():
     proc = subprocess.run([sys.executable, str(paths.REPO / "scripts" / "docs_figures.py"), "--check"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_format_table_results_are_complete_and_consistent():
+    """benchmarks/results/formats.md (written by scripts/format_table.py, a benchmark run by hand)
+    holds one row per (architecture, format) with one cell per node, each cell the result recorded
+    in formats.json (exact / max err / refused with its message / ERROR / not run)."""
+    res = json.loads((paths.REPO / "benchmarks" / "results" / "formats.json").read_text())
+    md = (paths.REPO / "benchmarks" / "results" / "formats.md").read_text()
+    words = {"exact": "exact", "error": "max err", "refused": "refused: ", "ERROR": "ERROR: ", "not run": "not run: "}
+    rows = [line for line in md.splitlines() if line.startswith("| ") and " | " in line]
+    for arch in res["archs"]:
+        for fmt in res["formats"]:
+            row = next(r for r in rows if r.startswith(f"| {arch} | {fmt} | "))
+            cells = [c.strip() for c in row.strip("|").split(" | ")][2:]
+            assert len(cells) == len(res["nodes"]), row
+            for node, text in zip(res["nodes"], cells):
+                cell = res["cells"][f"{arch}|{fmt}|{node}"]
+                assert text.startswith(words[cell["result"]]), (arch, fmt, node, text)
+                assert cell["result"] not in ("refused", "ERROR") or cell["message"], (arch, fmt, node)
+                assert "left_files" not in cell, (arch, fmt, node, "a node left files behind")
+    for s in res["streamed"]:
+        assert s["streamed_bytes"] is None or s["streamed_bytes"] <= s["stored_bytes"], s

@@ -14,13 +14,17 @@ same time, ``test_text_encoders.py::test_format_device_is_exact``.)
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
 from harness import paths
+from harness.tmpfs import small_tmpfs
 
 paths.technique_package()
 from memorykit_tech import offload  # noqa: E402
+
+INDEX = "model.safetensors.index.json"
 
 
 @pytest.mark.core_independent
@@ -62,3 +66,27 @@ def test_round4_folder_fields_of_the_nodes_name_themselves(comfy, tmp_path):
     with pytest.raises(RuntimeError, match=r"^disk_folder .*cannot be part of a path"):
         ci.prepare_group_offload(plain, settings)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.core_independent
+def test_round4_overwrite_through_a_symlink_to_another_disk(tmp_path):
+    """A saved checkpoint moved to another disk and linked back under its name (a models folder
+    spread over drives), saved again with overwrite: it said ``[Errno 18] Invalid cross-device
+    link`` (the old files were moved aside into a folder beside the link, on the first disk).
+    Now the new checkpoint replaces the old one where the link points, the link stays, and
+    nothing is left on either disk."""
+    import torch
+
+    from memorykit_tech import sharded, sharded_save
+    models = tmp_path / "models"
+    models.mkdir()
+    with small_tmpfs(tmp_path / "big_drive", "70m") as drive:
+        sharded_save.save_sharded({"w": torch.ones(64, 64), "b": torch.zeros(8)}, models / "mk", max_shard_size="8KB")
+        shutil.move(models / "mk", drive / "mk")  # copy2: sizes and times as the save's marker lists them
+        (models / "mk").symlink_to(drive / "mk")
+        new = {"w": torch.full((64, 64), 2.0), "b": torch.ones(8)}
+        sharded_save.save_sharded(new, models / "mk", max_shard_size="8KB", overwrite=True)
+        assert (models / "mk").is_symlink() and sorted(p.name for p in models.iterdir()) == ["mk"]
+        assert sorted(p.name for p in drive.iterdir()) == ["mk"]
+        got = sharded.load_state_dict(models / "mk" / INDEX)[0]
+        assert got.keys() == new.keys() and all(torch.equal(got[k], v) for k, v in new.items())

@@ -21,6 +21,8 @@ from typing import ClassVar
 
 import torch
 
+from .fp8_info import format_fp8_info, passed_through_info  # noqa: F401 - re-exported
+
 from .. import fp8
 from . import compat, fp8_core, linear_args, placement
 from .compat import apply_weight_patch
@@ -300,8 +302,11 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
 
     Returns ``(clone, info)``; ``info``: family, dtypes, scaling, patterns, ``weight_bytes_before``
     / ``weight_bytes_after`` (the whole model's weights, bytes), ``cast_layers``, ``cast_params``,
-    ``kept_layers`` ([{name, reason}]). Raises ValueError for a bad option or pattern, a device
-    that cannot use the dtypes, a MODEL already cast by this node, or nothing to cast.
+    ``kept_layers`` ([{name, reason}]). A model whose layers are all already stored quantized
+    (an fp8_scaled / mixed checkpoint, a GGUF file) is returned as it came, with ``info["passed_through"]``
+    saying why (:func:`passed_through_info`): a shared workflow keeps working with the fp8 file.
+    Raises ValueError for a bad option or pattern, a device that cannot use the dtypes, a MODEL
+    already cast by this node, or nothing to cast for another reason (the skip patterns).
     """
     import comfy.model_management as cmm
 
@@ -334,10 +339,10 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
 
     gguf = gguf_model_description(model)
     if gguf is not None:
-        raise ValueError(f"FP8 Layerwise Cast: this MODEL comes from a GGUF file ({gguf}); its layers are already "
-                         "stored quantized and dequantised by the GGUF loader's own layers, so they are left as they "
-                         "are (casting them to float8 would quantize twice). Connect the GGUF loader's MODEL to the "
-                         "next node directly, or load the original safetensors model to use FP8 Layerwise Cast.")
+        return model, passed_through_info(
+            model, fp8.detect_family(own_module(model)),
+            f"this MODEL comes from a GGUF file ({gguf}): its layers are already stored quantized and dequantised "
+            "by the GGUF loader's own layers; casting them to float8 would quantize twice", [])
     placement.release(model.model)  # a loaded Group Offload / device map holds placeholders: read real weights
     n = model.clone()
     dm = own_module(n)  # this MODEL's modules, not another loaded clone's applied FP8 layers
@@ -354,10 +359,9 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
     plan = fp8.plan_layers(dm, patterns, get_module=original, check=cmm.throw_exception_if_processing_interrupted)
     stored = [r for r in plan.kept.values() if r.endswith("left as stored")]
     if not plan.cast and stored:
-        raise ValueError(f"FP8 Layerwise Cast: this {family} model is already stored quantized: the {len(stored)} "
-                         f"layers it would cast are left as stored (no second quantization; e.g. {sorted(stored)[0]}), "
-                         "so there is nothing to cast. Connect the loader's MODEL to the next node directly: its "
-                         "weights already have their fp8 size.")
+        return model, passed_through_info(
+            model, family, f"this model is already stored quantized: the {len(stored)} layers it would cast are "
+            "left as stored (never quantized twice)", [{"name": k, "reason": v} for k, v in plan.kept.items()])
     if not plan.cast:
         reasons = sorted(set(plan.kept.values()))[:5]
         raise ValueError(f"FP8 Layerwise Cast: no layer of this {family} model left to cast (kept for: {reasons}). "
@@ -450,21 +454,3 @@ def plain_fp8_layers(patcher, node: str) -> None:
         patcher.add_object_patch(key, new)
     patcher.set_attachments(FP8_ATTACHMENT, dict(att, core_layers=0, path=(
         f"path: MemoryKit cast layers ({node} places plain tensors; core's QuantizedTensor layers replaced)")))
-
-
-def format_fp8_info(info: dict, max_kept: int = 12) -> str:
-    """One-screen summary of :func:`fp8_layerwise_cast`'s info (sizes in GiB)."""
-    from ..memory import gib
-    before, after = info["weight_bytes_before"], info["weight_bytes_after"]
-    matmul = " (float8 matmul)" if info.get("fp8_matmul") else ""
-    lines = [(f"FP8 Layerwise Cast ({info['family']}): {info['storage_dtype']} storage, "
-              f"{info['compute_dtype']} compute{matmul}, scaling {info['scaling']}"),
-             (f"weights {gib(before)} GiB -> {gib(after)} GiB ({after / max(1, before):.2f}x); "
-              f"{info['cast_layers']} layers cast, {len(info['kept_layers'])} kept:")]
-    if "path" in info:
-        lines.insert(1, f"{info['path']}; LoRA {info['lora_mode']}")
-    for k in info["kept_layers"][:max_kept]:
-        lines.append(f"  {k['name']}: {k['reason']}")
-    if len(info["kept_layers"]) > max_kept:
-        lines.append(f"  ... and {len(info['kept_layers']) - max_kept} more")
-    return "\n".join(lines)

@@ -8,12 +8,12 @@
   ``t5_xxl_detect`` / ``llama_detect`` on the state dict, ``CLIP.load_sd``). ComfyUI 0.33 builds
   core's ``QuantizedTensor`` layers (mixed: e4m3, e5m2 and bf16 layers); 0.3.75 loads the legacy
   file with its scaled-fp8 ops (plain float8 tensors). ``mixed`` is 0.33 only.
-- ``gguf`` ``q8_0`` / ``q4_k``: the state dict written as GGUF in llama.cpp's tensor names
+- ``gguf`` ``q8_0`` / ``q4_k`` / ``f16``: the state dict written as GGUF in llama.cpp's tensor names
   (``general.architecture`` ``t5encoder`` / ``qwen3``), read back by city96's
   ``gguf_clip_loader`` and loaded as its ``CLIPLoaderGGUF`` does (its ``GGMLOps``, the CLIP's
   patcher replaced by ``GGUFModelPatcher.clone``). ``q4_k``: the MLP down projections (rows of
   256 values: the tiny encoder is built with a 256-wide MLP) Q4_K, random valid blocks as
-  :mod:`harness.gguf_models` writes them; the other Linears Q8_0.
+  :mod:`harness.gguf_models` writes them; the other Linears Q8_0. ``f16``: the Linears F16.
 
 Only the encoder detection is the harness's (core's ``detect_te_model`` knows full-size shapes).
 Everything is built in memory (safetensors / GGUF bytes written to a temporary file and read
@@ -31,6 +31,9 @@ from . import te_zoo
 
 ENCODERS = ("umt5xxl", "qwen3_4b")  # a T5-class (Wan) and a Qwen-class (Z-Image) encoder
 FORMATS = ("fp8_scaled_legacy", "fp8_scaled_mixed", "gguf_q8_0", "gguf_q4_k")
+# each layout and GGUF type once, each encoder in both families of formats (suite time)
+CASES = [("umt5xxl", "fp8_scaled_legacy"), ("umt5xxl", "gguf_q8_0"),
+         ("qwen3_4b", "fp8_scaled_mixed"), ("qwen3_4b", "gguf_q4_k"), ("qwen3_4b", "gguf_f16")]
 _ROOT = {"umt5xxl": "umt5xxl", "qwen3_4b": "qwen3_4b"}
 _TE = {"umt5xxl": "text_encoders.wan:te", "qwen3_4b": "text_encoders.z_image:te"}
 _GGUF_ARCH = {"umt5xxl": "t5encoder", "qwen3_4b": "qwen3"}
@@ -109,7 +112,9 @@ def _write_gguf(name: str, sd: dict, path: str, quant: str, loader) -> None:
         if loader.sd_map_replace({gk: None}, mapping).keys() != {k}:
             raise RuntimeError(f"{k}: no llama.cpp name maps back to it ({gk})")
         a = v.float().numpy()
-        if k in targets and quant == "q4_k" and a.shape[1] % 256 == 0:
+        if k in targets and quant == "f16":
+            w.add_tensor(gk, a.astype(np.float16))
+        elif k in targets and quant == "q4_k" and a.shape[1] % 256 == 0:
             w.add_tensor(gk, _q4_k_blocks(a.shape, i), raw_dtype=T.Q4_K)
         elif k in targets and a.shape[1] % 32 == 0:
             w.add_tensor(gk, gguf.quants.quantize(a, T.Q8_0), raw_dtype=T.Q8_0)
@@ -143,7 +148,7 @@ def gguf_clip(name: str, quant: str):
 
 
 def build(name: str, fmt: str):
-    """The tiny ``name`` encoder in format ``fmt`` (:data:`FORMATS`)."""
+    """The tiny ``name`` encoder in format ``fmt`` (:data:`FORMATS`, ``gguf_f16``)."""
     if fmt.startswith("fp8_scaled_"):
         return fp8_scaled(name, fmt[len("fp8_scaled_"):])
     return gguf_clip(name, fmt[len("gguf_"):])
