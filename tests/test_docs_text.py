@@ -3,6 +3,7 @@ nodes' tooltips speak to a ComfyUI user — no tracker numbers, no words about h
 developed, no paths outside the repository — and README's figures are the results files' own."""
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -31,9 +32,86 @@ def _user_texts() -> dict[str, str]:
         notes = [str(v) for n in json.loads(f.read_text())["nodes"] if n["type"] in ("Note", "MarkdownNote")
                  for v in n.get("widgets_values") or []]
         texts[f"example_workflows/{f.name} (Notes)"] = "\n".join(notes)
-    for f in sorted((paths.REPO / "nodes").glob("*.py")):
-        texts[f"nodes/{f.name}"] = "\n".join(re.findall(r'tooltip="([^"]*)"', f.read_text()))
+    texts.update(_node_texts())
     return texts
+
+
+def _node_texts() -> dict[str, str]:
+    """Every tooltip and description in nodes/, whole: a tooltip written as several string literals
+    on several lines is one constant in the syntax tree (a regex over the source saw only its first
+    line), and one built from module-level constants is followed to them."""
+    texts = {}
+    for f in sorted((paths.REPO / "nodes").glob("*.py")):
+        tree = ast.parse(f.read_text())
+        consts = {t.id: n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                  for t in n.targets if isinstance(t, ast.Name)}
+        found = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.keyword) and node.arg in ("tooltip", "description"):
+                found += [c.value for c in ast.walk(node.value)
+                          if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+                found += [c.value for n in ast.walk(node.value) if isinstance(n, ast.Name) and n.id in consts
+                          for c in ast.walk(consts[n.id]) if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+        texts[f"nodes/{f.name}"] = "\n".join(found)
+    return texts
+
+
+# Words the docs define (their test pages explain "the zoo", "the fixture") but a tooltip or a
+# template's Note, read on its own in the editor, does not.
+NODE_TEXT_INTERNAL = [r"\bzoo\b", r"\bfixtures?\b", r"\btests?/", r"\bpytest\b", r"\bdemo\b"]
+
+
+def test_tooltips_and_notes_hold_no_words_only_the_docs_explain():
+    texts = _node_texts()
+    assert sum(len(t) for t in texts.values()) > 10_000, "the tooltips were not found"
+    for f in sorted((paths.REPO / "example_workflows").glob("*.json")):
+        texts[f"example_workflows/{f.name} (Notes)"] = "\n".join(
+            str(v) for n in json.loads(f.read_text())["nodes"] if n["type"] in ("Note", "MarkdownNote")
+            for v in n.get("widgets_values") or [])
+    found = [f"{where}: {m.group(0)!r} in {line.strip()[:120]!r}"
+             for where, text in texts.items() for line in text.splitlines()
+             for p in NODE_TEXT_INTERNAL for m in [re.search(p, line, flags=re.I)] if m]
+    assert not found, "words a user of the editor cannot look up:\n" + "\n".join(found)
+
+
+def test_every_template_note_says_where_its_model_files_go():
+    """A user opening a template learns from its Note which folder each model file goes in (the
+    folders of the files its loaders list for download), not only that a download link exists."""
+    missing = []
+    for f in sorted((paths.REPO / "example_workflows").glob("*.json")):
+        nodes = json.loads(f.read_text())["nodes"]
+        note = " ".join(str(v) for n in nodes if n["type"] == "Note" for v in n.get("widgets_values") or [])
+        folders = {m["directory"] for n in nodes for m in (n.get("properties") or {}).get("models", [])}
+        missing += [f"{f.name}: models/{d}" for d in sorted(folders) if f"models/{d}" not in note]
+    assert not missing, "Notes that do not say where a model file goes:\n" + "\n".join(missing)
+
+
+def _anchors(md: str) -> set[str]:
+    """GitHub's anchors of a Markdown page: its headings (lower case, punctuation dropped, spaces
+    to '-') and explicit <a id="..."> / <a name="...">."""
+    heads = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+             for h in re.findall(r"^#+\s+(.*?)\s*#*$", md, flags=re.M)}
+    return heads | set(re.findall(r'<a (?:id|name)="([^"]+)"', md))
+
+
+def test_relative_links_and_images_resolve():
+    """Every relative link and image in README.md and docs/ names a file of the repository (and a
+    heading or anchor of it, after '#'), so a link renders on GitHub and in the registry's page."""
+    broken = []
+    for page in [paths.REPO / "README.md", *sorted((paths.REPO / "docs").glob("*.md"))]:
+        md = page.read_text()
+        for target in re.findall(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", md) + \
+                re.findall(r'<img [^>]*src="([^"]+)"', md):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            rel = page.relative_to(paths.REPO)
+            if not dest.exists() or paths.REPO.resolve() not in dest.parents:
+                broken.append(f"{rel}: {target} (no such file in the repository)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest.read_text()):
+                broken.append(f"{rel}: {target} (no heading or anchor '{anchor}')")
+    assert not broken, "broken links:\n" + "\n".join(broken)
 
 
 def test_user_texts_hold_no_internal_words():
