@@ -4,9 +4,16 @@ model (the templates' sizes and steps are small so the demo and the tests run on
 
 # The templates' image/video sizes and step counts are the test fixtures'; said once per Note.
 _SD15_SIZE = " For real use: 512x512 (Empty Latent Image) and 20 steps."
-_SD15_REAL = _SD15_SIZE + " The checkpoint is listed with its download URL in the loader's properties."
-_WAN_REAL = (" For real use: 832x480 and 33-81 frames (Empty latent) and 20-30 steps; the loaders' models are "
-             "listed with their download URLs in the nodes' properties. ModelSamplingSD3 (shift 8) is the sampling "
+# Where each model file goes: ComfyUI's missing-models dialog offers the download link (the loaders'
+# properties.models) but a Note read on its own must name the folder.
+_SD15_REAL = _SD15_SIZE + (" The checkpoint goes in models/checkpoints; when it is missing, ComfyUI offers its "
+                           "download link as you open the workflow.")
+_FOLDERS = (" The files go in models/diffusion_models, models/text_encoders and models/vae; ComfyUI offers the "
+            "download link of each missing one as you open the workflow.")
+_VAE_REAL = (" The VAE goes in models/vae; when it is missing, ComfyUI offers its download link as you open the "
+             "workflow.")
+_WAN_REAL = (" For real use: 832x480 and 33-81 frames (Empty latent) and 20-30 steps." + _FOLDERS
+             + " ModelSamplingSD3 (shift 8) is the sampling "
              "shift Comfy's own Wan templates use.")
 
 NOTES = {
@@ -34,7 +41,7 @@ NOTES = {
                             "shards + model.safetensors.index.json works the same) into models/text_encoders/ "
                             "and name it sd15_clip_l_sharded. For your own model pick its folder in "
                             "models/diffusion_models/ (e.g. FLUX.1-dev/transformer)."
-                            + _SD15_SIZE,
+                            + _SD15_SIZE + _VAE_REAL,
     "group_offload_wan21_t2v": "Group Offload: Wan 2.1 14B (fp8_scaled, 14.3 GB of weights) on an 8-16 GB "
                                "card. The model does not fit in VRAM, so its blocks stay in RAM and are streamed "
                                "to the GPU just in time, the next block copied while the current one computes. "
@@ -49,7 +56,7 @@ NOTES = {
                      "sharded_loaders_sd15 template. An SD1.5 UNet (1.7 GB in fp16, 0.9 GB in fp8) fits an 8 GB "
                      "card; the graph shows how the nodes chain, and is the same for a model that does not fit "
                      "(swap the loader's folder for Flux or Wan). Group Offload keeps the blocks in RAM "
-                     "(offload_to disk when RAM is short)." + _SD15_SIZE,
+                     "(offload_to disk when RAM is short)." + _SD15_SIZE + _VAE_REAL,
     "tiled_vae_sd15": "Tiled VAE Decode: the image decoded in overlapping 512 px tiles (64 px overlap), seams "
                       "cross-faded, using at most memory_budget_gb (2 GiB: VAE weights + one tile; the node picks "
                       "a smaller tile when one does not fit). An image up to 512x512 is one tile, decoded exactly "
@@ -91,8 +98,7 @@ NOTES = {
                                                 "measures this computer's free memory and ignores those three). For "
                                                 "real use: 1024x1024 in both Empty Flux 2 Latent and Flux 2 Scheduler "
                                                 "and 20-50 steps; the bf16 text encoder (mistral_3_small_flux2_bf16) "
-                                                "works the same. The loaders' models are listed with their download "
-                                                "URLs in the nodes' properties.",
+                                                "works the same." + _FOLDERS,
     "tiled_vae_wan21_t2v": "Tiled VAE Decode on Wan 2.1 video: tiles in space, time kept whole (causal cache). "
                            "256 px tiles (64 px overlap) within memory_budget_gb (2 GiB; the node picks a "
                            "smaller tile when one does not fit): Wan's VAE costs far more memory per pixel than an "

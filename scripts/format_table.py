@@ -255,7 +255,8 @@ def render(res: dict) -> str:
               "(fp8_scaled: the layers that are not quantized held in bf16, as on a GPU; GGUF: its F32 norms and "
               "biases, as the file stores them). *Streamed*: the stored bytes of the streamed blocks; *copied*: "
               "what the ring copied in one forward (its own counter, measured), which packs every tensor 512-byte "
-              "aligned — on these tiny models (32-wide layers) a bias or a 4-byte scale takes a 512-byte slot; on "
+              "aligned (on the CPU, as here, plus the offset within 64 bytes the weight was loaded at, so the CPU "
+              "computes with it exactly as before) — on these tiny models (32-wide layers) a bias or a 4-byte scale takes a 512-byte slot; on "
               "real layers (MiB each) the alignment is negligible and copied equals streamed.", "",
               "| architecture | format | stored bytes (whole model) | streamed per step | bf16 original streamed "
               "| ratio | copied per step | bf16 original copied | ratio |",

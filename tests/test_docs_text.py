@@ -58,7 +58,7 @@ def _node_texts() -> dict[str, str]:
 
 # Words the docs define (their test pages explain "the zoo", "the fixture") but a tooltip or a
 # template's Note, read on its own in the editor, does not.
-NODE_TEXT_INTERNAL = [r"\bzoo\b", r"\bfixtures?\b", r"\btests?/", r"\bpytest\b"]
+NODE_TEXT_INTERNAL = [r"\bzoo\b", r"\bfixtures?\b", r"\btests?/", r"\bpytest\b", r"\bdemo\b"]
 
 
 def test_tooltips_and_notes_hold_no_words_only_the_docs_explain():
@@ -72,6 +72,18 @@ def test_tooltips_and_notes_hold_no_words_only_the_docs_explain():
              for where, text in texts.items() for line in text.splitlines()
              for p in NODE_TEXT_INTERNAL for m in [re.search(p, line, flags=re.I)] if m]
     assert not found, "words a user of the editor cannot look up:\n" + "\n".join(found)
+
+
+def test_every_template_note_says_where_its_model_files_go():
+    """A user opening a template learns from its Note which folder each model file goes in (the
+    folders of the files its loaders list for download), not only that a download link exists."""
+    missing = []
+    for f in sorted((paths.REPO / "example_workflows").glob("*.json")):
+        nodes = json.loads(f.read_text())["nodes"]
+        note = " ".join(str(v) for n in nodes if n["type"] == "Note" for v in n.get("widgets_values") or [])
+        folders = {m["directory"] for n in nodes for m in (n.get("properties") or {}).get("models", [])}
+        missing += [f"{f.name}: models/{d}" for d in sorted(folders) if f"models/{d}" not in note]
+    assert not missing, "Notes that do not say where a model file goes:\n" + "\n".join(missing)
 
 
 def _anchors(md: str) -> set[str]:

@@ -1,10 +1,11 @@
 """The zoo's format axis: architectures of the model zoo as core loads their fp8_scaled
 checkpoints (legacy ``scaled_fp8`` and per-layer ``comfy_quant`` "mixed", e4m3 + e5m2 + layers
 left in bf16; :func:`harness.quant_models.build_zoo_quantized`), through Group Offload (disk,
-block_level), bit-exact against the plain quantized model; FP8 Layerwise Cast (every layer
-it would cast is already stored quantized or left in bf16 by the file: the model passes through
-unchanged and the text says why), Memory Plan (counts the stored bytes, offers no fp8) and Save Sharded
-(the shards, loaded back, compute the plain quantized model's output bit for bit).
+block_level) and Balanced Device Map (cpu + disk), bit-exact against the plain quantized model;
+FP8 Layerwise Cast (every layer it would cast is already stored quantized or left in bf16 by the
+file: the model passes through unchanged and the text says why), Memory Plan (counts the stored
+bytes, offers no fp8) and Save Sharded (the shards, loaded back, compute the plain quantized
+model's output bit for bit).
 
 A representative subset, not the whole zoo: the architectures Comfy-Org ships fp8_scaled files
 for (Wan 2.1/2.2, Flux, Qwen-Image), which also cover the three block layouts (one block list,
@@ -65,6 +66,20 @@ def test_group_offload_disk_on_quantized_zoo_is_bit_exact(qarch, tmp_path):
     out = qarch.forward(n)
     assert os.listdir(tmp_path) == []
     assert torch.equal(out, qarch.reference), f"{qarch.name} {qarch.layout}"
+
+
+def test_device_map_on_quantized_zoo_is_bit_exact(qarch, tmp_path):
+    from comfyui_memorykit.memorykit import comfy_integration as ci
+
+    def size(m):  # as the plan counts (full-precision sizes of quantized layers, see docs)
+        return sum(t.numel() * t.element_size() for t in list(m.parameters()) + list(m.buffers()))
+    blocks = [qn for _, items in ci.comfy_block_lists(qarch.dm) for qn, _ in items]
+    cpu = size(qarch.dm) - sum(size(qarch.dm.get_submodule(b)) for b in blocks) // 2  # both devices used
+    clone, rep, _ = ci.device_map_model(qarch.patcher, "balanced", f"cpu={cpu}, disk", str(tmp_path))
+    assert set(rep["bytes_per_device"]) == {"cpu", "disk"}, rep["bytes_per_device"]
+    out = qarch.forward(clone)
+    assert os.listdir(tmp_path) == []
+    assert torch.equal(out, qarch.reference), f"{qarch.name} {qarch.layout}: {rep['bytes_per_device']}"
 
 
 def _stored(dm) -> tuple[int, dict]:
