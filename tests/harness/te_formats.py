@@ -29,19 +29,20 @@ import torch
 
 from . import te_zoo
 
-ENCODERS = ("umt5xxl", "qwen3_4b")  # a T5-class (Wan) and a Qwen-class (Z-Image) encoder
+ENCODERS = ("t5xxl", "qwen3_4b")  # a T5-class (Flux, SD3, LTX-Video) and a Qwen-class (Z-Image) encoder
 FORMATS = ("fp8_scaled_legacy", "fp8_scaled_mixed", "gguf_q8_0", "gguf_q4_k")
 # each layout and GGUF type once, each encoder in both families of formats (suite time)
-CASES = [("umt5xxl", "fp8_scaled_legacy"), ("umt5xxl", "gguf_q8_0"),
+CASES = [("t5xxl", "fp8_scaled_legacy"), ("t5xxl", "gguf_q8_0"),
          ("qwen3_4b", "fp8_scaled_mixed"), ("qwen3_4b", "gguf_q4_k"), ("qwen3_4b", "gguf_f16")]
-_ROOT = {"umt5xxl": "umt5xxl", "qwen3_4b": "qwen3_4b"}
-_TE = {"umt5xxl": "text_encoders.wan:te", "qwen3_4b": "text_encoders.z_image:te"}
-_GGUF_ARCH = {"umt5xxl": "t5encoder", "qwen3_4b": "qwen3"}
-_WIDE = {"umt5xxl": {"d_ff": 256}, "qwen3_4b": {"intermediate_size": 256}}  # Q4_K needs rows of 256
+_ROOT = {"t5xxl": "t5xxl", "qwen3_4b": "qwen3_4b"}
+_TE = {"t5xxl": ("text_encoders.sd3_clip:sd3_clip", {"clip_l": False, "clip_g": False, "t5": True}),
+       "qwen3_4b": ("text_encoders.z_image:te", {})}
+_GGUF_ARCH = {"t5xxl": "t5encoder", "qwen3_4b": "qwen3"}
+_WIDE = {"t5xxl": {"d_ff": 256}, "qwen3_4b": {"intermediate_size": 256}}  # Q4_K needs rows of 256
 
 
 def _detect(name: str, sd: dict) -> dict:
-    if name == "umt5xxl":
+    if name == "t5xxl":
         from comfy.text_encoders.sd3_clip import t5_xxl_detect
         return t5_xxl_detect(sd)
     from comfy.text_encoders.hunyuan_video import llama_detect
@@ -65,7 +66,8 @@ def _clip(name: str, sd: dict, model_options: dict, config: dict | None = None):
     cfg = dict(te_zoo.SPECS[name].configs[_ROOT[name]], **(config or {}))
     cpu = torch.device("cpu")
     holder = type("ClipTarget", (), {})()
-    holder.clip = te_zoo._attr(_TE[name])(**_detect(name, sd))
+    fn, kw = _TE[name]
+    holder.clip = te_zoo._attr(fn)(**kw, **_detect(name, sd))
     holder.params = {}
     holder.tokenizer = lambda embedding_directory=None, tokenizer_data=None, **kw: te_zoo._tokenizer(name)
     opts = {"load_device": cpu, "offload_device": cpu, "initial_device": cpu,
