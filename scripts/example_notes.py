@@ -35,10 +35,12 @@ NOTES = {
                         "model. Use it so the next stage starts with free VRAM." + _SD15_REAL,
     "sharded_loaders_sd15": "Sharded loaders: the UNet and CLIP-L loaded from safetensors shards + index, one "
                             "shard at a time. The badges show shards, size and seconds. Make the folders once: "
-                            "Load Checkpoint -> Save Sharded (name sd15_unet_sharded) for the UNet; a text "
-                            "encoder folder is any folder of shards + model.safetensors.index.json in "
-                            "models/text_encoders/ (e.g. a Hugging Face repository's text_encoder/). For your "
-                            "own model pick its folder in models/diffusion_models/ (e.g. FLUX.1-dev/transformer)."
+                            "Load Checkpoint -> Save Sharded (name sd15_unet_sharded) for the UNet; for the CLIP-L "
+                            "copy the text_encoder/ folder of the Hugging Face repository "
+                            "stable-diffusion-v1-5/stable-diffusion-v1-5 (its model.safetensors; a folder of "
+                            "shards + model.safetensors.index.json works the same) into models/text_encoders/ "
+                            "and name it sd15_clip_l_sharded. For your own model pick its folder in "
+                            "models/diffusion_models/ (e.g. FLUX.1-dev/transformer)."
                             + _SD15_SIZE + _VAE_REAL,
     "group_offload_wan21_t2v": "Group Offload: Wan 2.1 14B (fp8_scaled, 14.3 GB of weights) on an 8-16 GB "
                                "card. The model does not fit in VRAM, so its blocks stay in RAM and are streamed "

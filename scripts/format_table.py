@@ -112,8 +112,9 @@ def run_cell(node, arch, fmt, patcher, args, ref, folder) -> dict:
         return _compare(_forward(clone, arch, args), ref)
     if node == "FP8 Layerwise Cast":
         with torch.inference_mode():
-            clone = ci.fp8_layerwise_cast(patcher)[0]
-        return _compare(_forward(clone, arch, args), ref)
+            clone, info = ci.fp8_layerwise_cast(patcher)
+        return _compare(_forward(clone, arch, args), ref) | (
+            {"note": "passed through: already quantized"} if info.get("passed_through") else {})
     if node == "Memory Plan":
         out, _vae, info = mpio.memory_plan(patcher, latent={"samples": args[0]}, plan_for="given figures", vram_gb=2,
                                            ram_gb=0.04, disk_gb=10, disk_folder=str(folder))
@@ -232,7 +233,7 @@ def main() -> int:
 def cell_text(c: dict) -> str:
     r = c["result"]
     if r == "exact":
-        return "exact"
+        return "exact" + (" (passed through: already quantized)" if c.get("note", "").startswith("passed through") else "")
     if r == "error":
         return f"max err {c['max_abs']:.2g} (rel {c['rel_l2']:.2g})"
     msg = c.get("message", "").replace("|", "/").replace("\n", " ")
