@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import fp8, offload, offload_plan, stored_parts, weight_parts
+from .. import fp8, offload, offload_plan, weight_parts
 from . import compat, fp8_core, fp8_patcher, placement
 from .cleanup import default_disk_folder, usable_disk_folder
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
-from .gguf_weights import gguf_counts, is_ggml, is_gguf_patcher, placement_class
+from .gguf_weights import placement_class
 from .model_view import own_module
 from .offload_patcher import (
     _STORE,
@@ -33,6 +33,12 @@ from .offload_patcher import (
     GroupOffloadModelPatcher,
     GroupOffloadSettings,
     _OffloadState,
+)
+from .text_encoder_formats import (
+    gguf_class,
+    gguf_clip_description,
+    stored_notes,
+    streamable_weights,
 )
 
 TE_DEVICE_KEY = "memorykit_text_encoder_device"
@@ -73,23 +79,6 @@ def encoder_block_lists(encoder: torch.nn.Module) -> offload_plan.BlockLists:
             if blocks:
                 lists.append((name, blocks))
     return lists
-
-
-def _streamable_weights(patcher, node: str, options) -> None:
-    """Refuse weights the event ring cannot stream, naming the first one. Quantized weights
-    (core's QuantizedTensor of an fp8_scaled file, GGUF's GGMLTensor) stream as stored with the
-    memorykit scheduler; anything else must be a plain tensor."""
-    for name, t in list(patcher.model.named_parameters()) + list(patcher.model.named_buffers()):
-        if type(t.data) is torch.Tensor:
-            continue
-        if stored_parts.is_quantized(t) or is_ggml(t):
-            if not options.event_ring:
-                raise ValueError(f"{node}: scheduler 'diffusers' streams plain tensors only and 'clip' holds "
-                                 f"quantized weights ({name}); choose scheduler 'memorykit'.")
-            continue
-        raise ValueError(f"{node}: 'clip' holds {type(t.data).__name__} weights ({name}), which MemoryKit cannot "
-                         "stream. Load the text encoder from a safetensors (bf16/fp16/fp8_scaled) or GGUF file, or "
-                         "use Text Encoder Device without Group Offload.")
 
 
 # -- Group Offload ---------------------------------------------------------------------------------
@@ -144,24 +133,12 @@ class TextEncoderOffloadModelPatcher(GroupOffloadModelPatcher):
             parts.restore()
             raise
         st = _TextEncoderOffloadState(handles, s, self.patches_uuid, device_to, self.offload_device, self.backup, parts)
-        st.notes += notes + _stored_notes(self.model, parts)
+        st.notes += notes + stored_notes(self.model, parts)
         st.counted_pinned = sum(offload.page_locked_bytes(h) for h in handles)
         compat.count_pinned(st.counted_pinned)  # core's pin budget sees the ring's page-locked host memory
         placement.install(self, st)
         self._mark_loaded(device_to, sum(h.plan.footprint_bytes for h in handles),
                           sum(h.plan.buffer_bytes for h in handles))
-
-
-def _stored_notes(model, parts) -> list[str]:
-    """What streams as stored: quantized weights (fp8_scaled, GGUF) stream their stored bytes."""
-    n = sum(1 for t in model.parameters() if not stored_parts.is_plain(t) and stored_parts.is_quantized(t))
-    kinds = dict(parts.kinds) if parts else {}
-    if n:
-        kinds["quantized (fp8_scaled)"] = n
-    if not kinds:
-        return []
-    return [", ".join(f"{c} {k} weights" for k, c in kinds.items())
-            + " streamed as stored (quantized bytes, dequantised by their layers when a prompt is encoded)"]
 
 
 def _te_offload_options(settings: GroupOffloadSettings) -> GroupOffloadSettings:
@@ -193,13 +170,13 @@ def text_encoder_group_offload(clip, settings: GroupOffloadSettings):
         raise ValueError(f"{node}: no encoder MemoryKit can stream in this {type(clip.cond_stage_model).__name__}")
     n = clip.clone()
     p = opt_out_of_dynamic_vram(clip.patcher, node)
-    gguf_base = _gguf_class(p)
+    gguf_base = gguf_class(p)
     if (not _is_plain_patcher(p) and gguf_base is None
             and not isinstance(p, (_TextEncoderDeviceMixin, TextEncoderOffloadModelPatcher))):
         raise ValueError(f"{node}: this CLIP is managed by {type(p).__name__} (from another custom node); load it "
                          "with a core loader (Load CLIP, DualCLIPLoader, Load Checkpoint) or a GGUF CLIP loader.")
     fp8_patcher.plain_fp8_layers(p, node)
-    _streamable_weights(p, node, settings.options)
+    streamable_weights(p, node, settings.options)
     # keeps load_device (Text Encoder Device before this node); over ComfyUI-GGUF's patcher, its behaviour below ours
     p.__class__ = (TextEncoderOffloadModelPatcher if gguf_base is None
                    else placement_class(TextEncoderOffloadModelPatcher, gguf_base))
@@ -227,13 +204,6 @@ def _is_plain_patcher(p) -> bool:
     return type(p) is comfy.model_patcher.ModelPatcher
 
 
-def _gguf_class(p) -> type | None:
-    """ComfyUI-GGUF's patcher class below ``p``'s (None for a CLIP from a core loader)."""
-    if not is_gguf_patcher(p):
-        return None
-    return next(c for c in type(p).__mro__ if c.__name__ == "GGUFModelPatcher")
-
-
 # -- FP8 Layerwise Cast ----------------------------------------------------------------------------
 
 def text_encoder_fp8(clip, storage_dtype: str = "float8_e4m3fn", scaling: str = "per-tensor",
@@ -244,7 +214,9 @@ def text_encoder_fp8(clip, storage_dtype: str = "float8_e4m3fn", scaling: str = 
     ``none`` casts every Linear. ``info`` as :func:`fp8_patcher.fp8_layerwise_cast`'s
     (``weight_bytes_before``/``after``, ``cast_layers``, ``kept_layers``). MemoryKit's cast
     layers are used on every core (a text encoder computes some layers in float32). Raises
-    ValueError for bad options, a CLIP already cast, or nothing to cast."""
+    ValueError for bad options, a CLIP already cast, or nothing to cast because of the skip patterns;
+    a CLIP whose layers are all already stored quantized (fp8_scaled, GGUF) passes through as it came,
+    ``info["passed_through"]`` saying why."""
     import comfy.model_management as cmm
     node = "FP8 Layerwise Cast (Text Encoder)"
     _check_clip(clip, node)
@@ -258,13 +230,11 @@ def text_encoder_fp8(clip, storage_dtype: str = "float8_e4m3fn", scaling: str = 
         raise ValueError(f"skip_preset must be one of {list(TE_SKIP_PRESETS)}, got {skip_preset!r}")
     if lora_mode not in fp8_core.LORA_MODES:
         raise ValueError(f"lora_mode must be one of {list(fp8_core.LORA_MODES)}, got {lora_mode!r}")
-    counts = gguf_counts(clip.cond_stage_model)
-    if counts or is_gguf_patcher(clip.patcher):
-        kinds = ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items()))
-        raise ValueError(f"{node}: 'clip' comes from a GGUF file ({kinds or 'GGUF weights'}); its layers are already "
-                         "stored quantized and dequantised by the GGUF loader's own layers, so they are left as "
-                         "stored (casting them to float8 would quantize twice). Connect the GGUF CLIP loader to the "
-                         "next node directly; Group Offload (Text Encoder) and Text Encoder Device take it.")
+    gguf = gguf_clip_description(clip)
+    if gguf is not None:
+        return clip, fp8_patcher.passed_through_info(
+            clip.patcher, "text_encoder", f"'clip' comes from a GGUF file ({gguf}): its layers are already stored "
+            "quantized and dequantised by the GGUF loader's own layers; casting them to float8 would quantize twice", [])
     storage = fp8.STORAGE_DTYPES[storage_dtype]
     device = clip.patcher.load_device
     if not cmm.supports_cast(device, storage):
@@ -282,9 +252,10 @@ def text_encoder_fp8(clip, storage_dtype: str = "float8_e4m3fn", scaling: str = 
     plan = fp8.plan_layers(p.model, patterns, get_module=original)
     stored = [k for k, v in plan.kept.items() if v.startswith(("already quantised", "holds ["))]
     if not plan.cast and stored:
-        raise ValueError(f"{node}: 'clip' is already stored quantized (an fp8_scaled file): its {len(stored)} "
-                         "quantized layers are left as stored (never quantized twice) and no layer FP8 Layerwise Cast "
-                         "can cast is left. Connect the loader's CLIP to the next node directly.")
+        return clip, fp8_patcher.passed_through_info(
+            clip.patcher, "text_encoder", f"'clip' is already stored quantized (an fp8_scaled file): its {len(stored)} "
+            "quantized layers are left as stored (never quantized twice)",
+            [{"name": k, "reason": v} for k, v in plan.kept.items()])
     if not plan.cast:
         reasons = sorted(set(plan.kept.values()))[:5]
         raise ValueError(f"{node}: no layer of this text encoder left to cast (kept for: {reasons}). Relax the skip "
@@ -417,7 +388,7 @@ def format_text_encoder_info(kind: str, info: dict) -> str:
                 f"{gib(info['weight_bytes'])} GiB of weights wait on {info['offload_device']} between prompts")
     if kind == "fp8":
         text = fp8_patcher.format_fp8_info(info)
-        if info.get("stored_quantized"):
+        if info.get("stored_quantized") and not info.get("passed_through"):
             text += (f"\n{info['stored_quantized']} layers already quantized in the file (fp8_scaled) are left as "
                      "stored (not quantized twice)")
         return text
