@@ -78,9 +78,17 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the results as JSON to this file")
     args = ap.parse_args(argv)
 
+    names = args.only or examples.example_names()
+    skipped = {n: examples.unavailable(n) for n in names}
+    for n, why in skipped.items():
+        if why:
+            print(f"  {n}: skipped on this ComfyUI ({why})", flush=True)
+    names = [n for n in names if not skipped[n]]
+    if not names:
+        print("Nothing to run on this ComfyUI.")
+        return 0
     print("Generating the models (first run only) ...", flush=True)
     models.ensure_models()
-    names = args.only or examples.example_names()
     on_gpu = torch.cuda.is_available()
     print(f"ComfyUI: {paths.comfyui_path()}  ({'GPU: peak = VRAM' if on_gpu else 'CPU: peak = server RSS'})", flush=True)
     with ComfyServer() as srv:
