@@ -69,26 +69,27 @@ def _fp8(info: dict) -> list[str]:
 
 def _group_offload(info: dict, rep: dict | None = None) -> list[str]:
     """Before a run: the plan (resident, streamed per forward, what it needs, "planned"). After a
-    run (``info["run"]``): what happened (resident, bytes streamed per step, the VRAM peak, or the
-    RAM peak without a GPU, and the steps' time), the plan's figures no longer shown."""
+    run (``info["run"]``): what happened (bytes streamed per step first, the VRAM peak, or the RAM
+    peak without a GPU, resident, and the steps' time), the plan's figures no longer shown."""
     fig = info.get("figures") or {}
     plan = info.get("plan") or fig
     run = info.get("run") or {}
     src = " from disk" if (info.get("options") or {}).get("offload_to") == "disk" else ""
     out = []
-    if "resident_bytes" in plan:
-        out.append(f"resident {fmt_bytes(plan['resident_bytes'])}")
-    if run.get("forwards"):
+    resident = [f"resident {fmt_bytes(plan['resident_bytes'])}"] if "resident_bytes" in plan else []
+    if run.get("forwards"):  # what the offload did first: bytes streamed per step (never behind "+N")
         per, unit = (run["steps"], "step") if run.get("steps") else (run["forwards"], "forward")
         out.append(f"streams {fmt_bytes(run.get('bytes_moved', 0) / per)}/{unit}{src}")
         if run.get("peak_vram_bytes") is not None:
             out.append(f"peak {fmt_bytes(run['peak_vram_bytes'])}")
         elif isinstance(((rep or {}).get("host") or {}).get("rss_peak_bytes"), (int, float)):
             out.append(f"RAM peak {fmt_bytes(rep['host']['rss_peak_bytes'])}")
+        out += resident
         if run.get("seconds") is not None:
             n, what = (run["steps"], "steps") if run.get("steps") else (run["forwards"], "forwards")
             out.append(f"{n} {what} in {fmt_seconds(run['seconds'])}")
     else:
+        out += resident
         if plan.get("streamed_bytes") is not None:
             out.append(f"streams {fmt_bytes(plan['streamed_bytes'])}/forward{src}")
         if "footprint_bytes" in plan:

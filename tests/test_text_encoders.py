@@ -336,19 +336,17 @@ def test_format_ram_event_ring_is_exact(fenc, ci):
 
 
 def test_format_fp8_leaves_stored_layers(fenc, ci):
-    """FP8 Layerwise Cast (Text Encoder): GGUF refused naming the input; an fp8_scaled encoder's
-    quantized layers kept as stored (refused when nothing else is left to cast)."""
-    if fenc.fmt.startswith("gguf"):
-        with pytest.raises(ValueError, match="'clip' comes from a GGUF file"):
-            ci.text_encoder_fp8(fenc.clip)
-        _record_format(fenc, "fp8", "refused: GGUF is already quantized")
-        return
-    try:
-        cast, info = ci.text_encoder_fp8(fenc.clip)
-    except ValueError as e:
-        # legacy: every block Linear is fp8; mixed (0.33): its bf16 layers are core's mixed-precision layers too
-        assert "'clip' is already stored quantized" in str(e), e
-        _record_format(fenc, "fp8", "refused with message: layers already quantized, left as stored")
+    """FP8 Layerwise Cast (Text Encoder): a GGUF encoder passes through unchanged, saying why; an
+    fp8_scaled encoder's quantized layers kept as stored (the encoder passes through unchanged when
+    nothing else is left to cast)."""
+    cast, info = ci.text_encoder_fp8(fenc.clip)
+    if info.get("passed_through"):
+        # GGUF; fp8_scaled legacy: every block Linear is fp8; mixed (0.33): its bf16 layers are core's mixed-precision layers too
+        assert cast is fenc.clip and info["cast_layers"] == 0
+        want = "'clip' comes from a GGUF file" if fenc.fmt.startswith("gguf") else "'clip' is already stored quantized"
+        assert want in info["passed_through"] and "passed through unchanged" in ci.format_text_encoder_info("fp8", info)
+        _record_format(fenc, "fp8", "passed through unchanged: already quantized (said so)")
+        fenc.assert_restored()
         return
     assert info["stored_quantized"] > 0 and "left as stored" in ci.format_text_encoder_info("fp8", info)
     done = cast.patcher.get_attachment(ci.FP8_ATTACHMENT)["cast"]
@@ -365,7 +363,7 @@ def test_format_memory_plan_counts_stored_bytes(fenc, ci):
     """Memory Plan (whole workflow) sizes the text encoder at the bytes it stores and offers no
     fp8 for one that is already quantized (every Linear of these files is stored quantized, or
     left in bf16 by the file's own per-layer format, which FP8 Layerwise Cast leaves as stored;
-    a GGUF file's F16 Linears are GGUF's: FP8 refuses them)."""
+    a GGUF file's F16 Linears are GGUF's: FP8 passes the encoder through)."""
     from comfyui_memorykit.memorykit import memory_plan as mp
     from comfyui_memorykit.memorykit import memory_plan_workflow as wf
     from comfyui_memorykit.memorykit.comfy_integration import (

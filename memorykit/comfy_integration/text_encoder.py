@@ -36,7 +36,7 @@ from .offload_patcher import (
 )
 from .text_encoder_formats import (
     gguf_class,
-    refuse_gguf_fp8,
+    gguf_clip_description,
     stored_notes,
     streamable_weights,
 )
@@ -214,7 +214,9 @@ def text_encoder_fp8(clip, storage_dtype: str = "float8_e4m3fn", scaling: str = 
     ``none`` casts every Linear. ``info`` as :func:`fp8_patcher.fp8_layerwise_cast`'s
     (``weight_bytes_before``/``after``, ``cast_layers``, ``kept_layers``). MemoryKit's cast
     layers are used on every core (a text encoder computes some layers in float32). Raises
-    ValueError for bad options, a CLIP already cast, or nothing to cast."""
+    ValueError for bad options, a CLIP already cast, or nothing to cast because of the skip patterns;
+    a CLIP whose layers are all already stored quantized (fp8_scaled, GGUF) passes through as it came,
+    ``info["passed_through"]`` saying why."""
     import comfy.model_management as cmm
     node = "FP8 Layerwise Cast (Text Encoder)"
     _check_clip(clip, node)
@@ -228,7 +230,11 @@ def text_encoder_fp8(clip, storage_dtype: str = "float8_e4m3fn", scaling: str = 
         raise ValueError(f"skip_preset must be one of {list(TE_SKIP_PRESETS)}, got {skip_preset!r}")
     if lora_mode not in fp8_core.LORA_MODES:
         raise ValueError(f"lora_mode must be one of {list(fp8_core.LORA_MODES)}, got {lora_mode!r}")
-    refuse_gguf_fp8(clip, node)
+    gguf = gguf_clip_description(clip)
+    if gguf is not None:
+        return clip, fp8_patcher.passed_through_info(
+            clip.patcher, "text_encoder", f"'clip' comes from a GGUF file ({gguf}): its layers are already stored "
+            "quantized and dequantised by the GGUF loader's own layers; casting them to float8 would quantize twice", [])
     storage = fp8.STORAGE_DTYPES[storage_dtype]
     device = clip.patcher.load_device
     if not cmm.supports_cast(device, storage):
@@ -246,9 +252,10 @@ def text_encoder_fp8(clip, storage_dtype: str = "float8_e4m3fn", scaling: str = 
     plan = fp8.plan_layers(p.model, patterns, get_module=original)
     stored = [k for k, v in plan.kept.items() if v.startswith(("already quantised", "holds ["))]
     if not plan.cast and stored:
-        raise ValueError(f"{node}: 'clip' is already stored quantized (an fp8_scaled file): its {len(stored)} "
-                         "quantized layers are left as stored (never quantized twice) and no layer FP8 Layerwise Cast "
-                         "can cast is left. Connect the loader's CLIP to the next node directly.")
+        return clip, fp8_patcher.passed_through_info(
+            clip.patcher, "text_encoder", f"'clip' is already stored quantized (an fp8_scaled file): its {len(stored)} "
+            "quantized layers are left as stored (never quantized twice)",
+            [{"name": k, "reason": v} for k, v in plan.kept.items()])
     if not plan.cast:
         reasons = sorted(set(plan.kept.values()))[:5]
         raise ValueError(f"{node}: no layer of this text encoder left to cast (kept for: {reasons}). Relax the skip "
@@ -381,7 +388,7 @@ def format_text_encoder_info(kind: str, info: dict) -> str:
                 f"{gib(info['weight_bytes'])} GiB of weights wait on {info['offload_device']} between prompts")
     if kind == "fp8":
         text = fp8_patcher.format_fp8_info(info)
-        if info.get("stored_quantized"):
+        if info.get("stored_quantized") and not info.get("passed_through"):
             text += (f"\n{info['stored_quantized']} layers already quantized in the file (fp8_scaled) are left as "
                      "stored (not quantized twice)")
         return text

@@ -46,12 +46,9 @@ def gguf_class(p) -> type | None:
     return next(c for c in type(p).__mro__ if c.__name__ == "GGUFModelPatcher")
 
 
-def refuse_gguf_fp8(clip, node: str) -> None:
-    """ValueError naming ``clip`` when it comes from a GGUF file (already quantized)."""
+def gguf_clip_description(clip) -> str | None:
+    """What GGUF weights ``clip`` holds (e.g. ``Q8_0 ×24, F32 ×12``) when it comes from a GGUF file, else None."""
     counts = gguf_counts(clip.cond_stage_model)
     if counts or is_gguf_patcher(clip.patcher):
-        kinds = ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items()))
-        raise ValueError(f"{node}: 'clip' comes from a GGUF file ({kinds or 'GGUF weights'}); its layers are already "
-                         "stored quantized and dequantised by the GGUF loader's own layers, so they are left as "
-                         "stored (casting them to float8 would quantize twice). Connect the GGUF CLIP loader to the "
-                         "next node directly; Group Offload (Text Encoder) and Text Encoder Device take it.")
+        return ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items())) or "GGUF weights"
+    return None
