@@ -16,11 +16,12 @@ as views of its mapping (``dispatch_model(state_dict=...)``), not as accelerate'
 files: a file without a name cannot be removed or truncated while the map is loaded, so the
 forward and the restore on removal always read the real weights (issue 23 item 8).
 
-Quantized weights (core's ``QuantizedTensor``, GGUF; :mod:`memorykit.stored_parts`) reach
-accelerate as their stored parts: before dispatch each is replaced by plain Parameters
-``<name>__mk_part<i>`` (fp8 data, scales), so accelerate places, offloads and writes to disk
-the stored bytes; the layer's forward gets the weight rebuilt over the parts where accelerate
-put them, and removal puts the original weight object back over its restored parts.
+Quantized weights (core's ``QuantizedTensor``, GGUF) reach accelerate as their stored parts
+(:func:`memorykit.weight_parts.decompose` with ``several=True``, the rule Group Offload uses
+too): before dispatch each is replaced by plain Parameters (fp8 data, scales: ``<name>__mk_part<i>``;
+GGUF: its raw bytes under its own name), so accelerate places, offloads and writes to disk the
+stored bytes; the layer's forward gets the weight rebuilt over the parts where accelerate put
+them, and removal puts the original weight object back over its restored parts.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from accelerate.hooks import remove_hook_from_module
 from accelerate.utils import set_module_tensor_to_device
 from accelerate.utils.offload import extract_submodules_state_dict
 
-from . import leftovers, stored_parts
+from . import leftovers, weight_parts
 from .device_map import OFFLOAD_DEVICES, Device, device_name, main_device as default_main_device
 from .offload import check_disk_folder
 from .offload_plan import address_phase, copy_at_phase, packed_layout
@@ -76,11 +77,11 @@ class DispatchedModel:
 
     def __init__(self, module: torch.nn.Module, device_map: dict, main_device: Device,
                  offload_dir: str | None, original_devices: dict, own_forwards: frozenset = frozenset(),
-                 store: DiskStore | None = None, unwrapped: list | None = None):
+                 store: DiskStore | None = None, parts: weight_parts.Decomposed | None = None):
         self.module = module
         self.store = store
         self.disk_bytes = 0  # bytes written to disk (the stored bytes of the disk entries, no padding)
-        self.unwrapped = unwrapped or []
+        self.parts = parts if parts is not None else weight_parts.Decomposed()
         self.device_map = dict(device_map)
         self.main_device = main_device
         self.offload_dir = offload_dir
@@ -98,7 +99,7 @@ class DispatchedModel:
         # Raising half-way keeps the handle active with its store: calling again finishes the job.
         _restore(self.module, self.original_devices, self.own_forwards)
         _own_memory(self.module, self.store)
-        _rewrap(self.module, self.unwrapped)
+        self.parts.restore()
         self.active = False
         if self.store is not None:
             self.store.close()
@@ -109,93 +110,6 @@ class DispatchedModel:
     def __repr__(self) -> str:
         return (f"DispatchedModel({type(self.module).__name__}, main_device={device_name(self.main_device)}, "
                 f"{len(self.device_map)} entries, active={self.active})")
-
-
-PART = "__mk_part"
-
-
-class _Unwrapped:
-    """One quantized weight ``module.<name>`` replaced by plain Parameters of its parts (see module
-    doc). Holds no tensor with data: the parts' Parameters are their only holders in the module."""
-
-    def __init__(self, module: torch.nn.Module, name: str, weight: torch.Tensor):
-        self.module, self.name = module, name
-        parts = stored_parts.parts(weight)
-        self.inference = [p.is_inference() for p in parts]
-        self.was_param = isinstance(weight, torch.nn.Parameter)
-        self.order = list(module._parameters)
-        self.names = [f"{name}{PART}{i}" for i in range(len(parts))]
-        self.meta = stored_parts.rebuild(weight, [torch.empty_like(p, device="meta") for p in parts])
-        for n, p in zip(self.names, parts):
-            module._parameters[n] = torch.nn.Parameter(p, requires_grad=False)
-        del module._parameters[name]
-        module.__dict__[name] = self.meta  # outside its forward the layer shows a weight without data
-
-    def rebuilt(self) -> torch.Tensor:
-        return stored_parts.rebuild(self.meta, [self.module._parameters[n] for n in self.names])
-
-    def rewrap(self) -> None:
-        """The weight back in the module as a Parameter, rebuilt over copies of its restored parts
-        (inference tensors where they were: core rebuilds its quantized Parameters in inference mode)."""
-        m = self.module
-        if self.name in m._parameters:
-            return  # done already
-        parts = []
-        for n, inf in zip(self.names, self.inference):
-            cur = m._parameters.pop(n)
-            if cur.is_inference() == inf:
-                parts.append(cur.data)  # its own storage, as loaded where nothing moved it (same alignment, same kernels)
-                continue
-            with torch.inference_mode(inf):
-                own = copy_at_phase(cur.data)
-            parts.append(own)
-        m.__dict__.pop(self.name, None)
-        with torch.inference_mode(any(self.inference)):
-            w = stored_parts.rebuild(self.meta, parts)
-            m._parameters[self.name] = torch.nn.Parameter(w, requires_grad=False) if self.was_param else w
-        items = dict(m._parameters)  # the parameters in their order as loaded
-        m._parameters.clear()
-        m._parameters.update({k: items.pop(k) for k in self.order if k in items})
-        m._parameters.update(items)
-
-
-def _unwrap(module: torch.nn.Module) -> list[_Unwrapped]:
-    """Every quantized parameter of ``module`` as plain part Parameters, each layer's forward
-    given the rebuilt weight (an instance ``forward`` that :func:`_restore` drops again)."""
-    out: list[_Unwrapped] = []
-    try:
-        for m in module.modules():
-            mine = [_Unwrapped(m, n, t) for n, t in list(m._parameters.items())
-                    if t is not None and not stored_parts.is_plain(t)]
-            if mine:
-                mine[0].own_forward = m.__dict__.get("forward")
-                out += mine
-                m.forward = _rebuilding_forward(m, m.forward, mine)
-    except BaseException:
-        _rewrap(module, out)
-        raise
-    return out
-
-
-def _rebuilding_forward(m, forward, unwrapped: list[_Unwrapped]):
-    def run(*args, **kwargs):
-        for u in unwrapped:
-            m.__dict__[u.name] = u.rebuilt()
-        try:
-            return forward(*args, **kwargs)
-        finally:
-            for u in unwrapped:
-                m.__dict__[u.name] = u.meta
-    return run
-
-
-def _rewrap(module: torch.nn.Module, unwrapped: list[_Unwrapped]) -> None:
-    for u in unwrapped:
-        u.rewrap()
-        if hasattr(u, "own_forward"):
-            u.module.__dict__.pop("forward", None)
-            if u.own_forward is not None:
-                u.module.forward = u.own_forward
 
 
 def _instance_forwards(module: torch.nn.Module) -> frozenset:
@@ -326,21 +240,21 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
     check_devices_present(device_map)
     main = default_main_device(device_map) if main_device is None else main_device
     own_forwards = _instance_forwards(module)
-    unwrapped = _unwrap(module)
+    parts = weight_parts.decompose(module, several=True)
     try:
         return _dispatch(module, device_map, offload_folder, main, skip_keys, preload_module_classes, own_forwards,
-                         unwrapped)
+                         parts)
     except BaseException:
-        _rewrap(module, unwrapped)
+        parts.restore()
         raise
 
 
 def _dispatch(module, device_map, offload_folder, main, skip_keys, preload_module_classes, own_forwards,
-              unwrapped) -> DispatchedModel:
+              parts) -> DispatchedModel:
     original = {n: t.device for n, t in _named_tensors(module)}
     offload_dir, store, weights, disk_bytes = None, None, None, 0
     expanded = _expand_root(module, device_map)
-    if unwrapped and main != "cpu" and "disk" not in device_map.values():
+    if parts and main != "cpu" and "disk" not in device_map.values():
         cpu = [n for n, d in expanded.items() if d == "cpu"]
         if cpu:  # accelerate would build it from module.state_dict(), which names quantized layers otherwise
             weights = extract_submodules_state_dict(_tensor_dict(module), cpu)
@@ -381,6 +295,6 @@ def _dispatch(module, device_map, offload_folder, main, skip_keys, preload_modul
             raise RuntimeError(f"out of memory while placing the device map on {', '.join(sorted(on))}: lower "
                                f"max_memory for those devices (or free memory) and run again. ({e})") from None
         raise
-    handle = DispatchedModel(module, device_map, main, offload_dir, original, own_forwards, store, unwrapped)
+    handle = DispatchedModel(module, device_map, main, offload_dir, original, own_forwards, store, parts)
     handle.disk_bytes = disk_bytes
     return handle

@@ -129,6 +129,46 @@ def test_stored_parts_decompose_and_rebuild_core_quantized_tensors(quant):
     assert torch.equal(r.dequantize(), w.dequantize())
 
 
+def test_weight_parts_decompose_into_several_parts_and_back(quant):
+    """The one decomposition rule (what the device map hands accelerate) on a core quantized layer:
+    its weight becomes plain Parameters of the stored parts, the layer computes bit for bit as
+    before, restore brings back the same state; a weight of an unknown kind after it raises and
+    leaves the whole layer as it was."""
+    from comfyui_memorykit.memorykit import stored_parts, weight_parts
+    if not _is_033():
+        pytest.skip("ComfyUI 0.3.75 loads fp8_scaled files as plain float8 tensors (nothing to decompose)")
+    m, _ = quant("mixed")
+    layer = next(x for x in m.model.diffusion_model.modules()
+                 if x._parameters.get("weight") is not None and not stored_parts.is_plain(x._parameters["weight"])
+                 and x._parameters["weight"].dim() == 2)
+    snap, nbytes = snapshot(layer), stored_bytes(layer)
+    x = torch.randn(2, layer.weight.shape[1], generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref = layer(x)
+        parts = weight_parts.decompose(layer, several=True)
+        try:
+            assert parts and all(stored_parts.is_plain(t) for t in layer.parameters())
+            assert sum(t.numel() * t.element_size() for t in layer.parameters()) == nbytes
+            assert layer.weight.device.type == "meta" and torch.equal(layer(x), ref)
+        finally:
+            parts.restore()
+    assert_restored(layer, snap)
+    assert "forward" not in layer.__dict__
+
+    class Unknown(torch.Tensor):
+        pass
+    odd = torch.zeros(1).as_subclass(Unknown)
+    layer._parameters["zz_unknown"] = odd
+    try:
+        with pytest.raises(stored_parts.UnsupportedWeight), torch.inference_mode():
+            weight_parts.decompose(layer, several=True)
+        assert layer._parameters["zz_unknown"] is odd
+    finally:
+        del layer._parameters["zz_unknown"]
+    assert_restored(layer, snap)
+    assert "forward" not in layer.__dict__ and "weight" not in layer.__dict__
+
+
 @pytest.mark.parametrize("layout,offload_type", [("legacy", "block_level"), ("mixed", "leaf_level")])
 def test_group_offload_from_disk_streams_the_stored_bytes(quant, layout, offload_type, tmp_path):
     from comfyui_memorykit.memorykit import comfy_integration as ci
