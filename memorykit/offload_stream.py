@@ -239,6 +239,10 @@ class EventRing:
                 with torch.inference_mode(inf):
                     own = copy_at_phase(host, ph)
                 t.data = own
+            if self.store is not None and g.buffer is not None:
+                # the group's file pages were read for the copy: drop them now, so restoring a model
+                # from disk holds its weights once (not the copies plus the mapping's pages)
+                self.store.drop(g.store_offset, g.nbytes)
             g.host, g.dev, g.state = [], [], HOST
             if g.locked_ptr is not None:
                 if not cuda_ok(torch.cuda.cudart().cudaHostUnregister(g.locked_ptr)):
