@@ -9,12 +9,26 @@ import sys
 from harness import paths
 
 
+def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
+    """Run ``scripts/demo.py`` with ``args`` in its own process group; on a timeout the whole group
+    (the demo and the ComfyUI servers it started) is killed, so no server outlives the test."""
+    import os
+    import signal
+    proc = subprocess.Popen([sys.executable, str(paths.REPO / "scripts" / "demo.py"), *args], cwd=paths.REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"the demo ran past {timeout} s\n{out[-3000:]}{err[-3000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def test_demo_runs_examples_beside_their_baselines(tmp_path, fixture_models):
     names = ["balanced_device_map_wan21_t2v", "sharded_loaders_sd15"]  # an animated WEBP; sharded loaders → core's
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(paths.REPO / "scripts" / "demo.py"), "--only", *names,
-                           "--out", str(out), "--json", str(tmp_path / "rows.json")],
-                          capture_output=True, text=True, timeout=900, cwd=paths.REPO)
+    proc = _run(["--only", *names, "--out", str(out), "--json", str(tmp_path / "rows.json")], timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert [r["name"] for r in rows] == names
@@ -36,7 +50,6 @@ def test_demo_skips_a_template_this_comfyui_cannot_run():
     why = examples.unavailable(name)
     if not why:
         pytest.skip("this ComfyUI runs the Flux 2 template (the demo runs it)")
-    proc = subprocess.run([sys.executable, str(paths.REPO / "scripts" / "demo.py"), "--only", name],
-                          capture_output=True, text=True, timeout=300, cwd=paths.REPO)
+    proc = _run(["--only", name], timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"{name}: skipped on this ComfyUI" in proc.stdout and "Nothing to run" in proc.stdout
