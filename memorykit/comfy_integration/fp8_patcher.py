@@ -357,10 +357,9 @@ def fp8_layerwise_cast(model, storage_dtype: str = "float8_e4m3fn", compute_dtyp
         return m
 
     plan = fp8.plan_layers(dm, patterns, get_module=original, check=cmm.throw_exception_if_processing_interrupted)
-    stored = [r for r in plan.kept.values() if r.endswith("left as stored")]
-    if not plan.cast and stored:
+    if not plan.cast and plan.as_stored:
         return model, passed_through_info(
-            model, family, f"this model is already stored quantized: the {len(stored)} layers it would cast are "
+            model, family, f"this model is already stored quantized: the {len(plan.as_stored)} layers it would cast are "
             "left as stored (never quantized twice)", [{"name": k, "reason": v} for k, v in plan.kept.items()])
     if not plan.cast:
         reasons = sorted(set(plan.kept.values()))[:5]

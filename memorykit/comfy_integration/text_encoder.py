@@ -250,7 +250,7 @@ def text_encoder_fp8(clip, storage_dtype: str = "float8_e4m3fn", scaling: str = 
         return m
 
     plan = fp8.plan_layers(p.model, patterns, get_module=original)
-    stored = [k for k, v in plan.kept.items() if v.startswith(("already quantised", "holds ["))]
+    stored = plan.as_stored
     if not plan.cast and stored:
         return clip, fp8_patcher.passed_through_info(
             clip.patcher, "text_encoder", f"'clip' is already stored quantized (an fp8_scaled file): its {len(stored)} "
