@@ -4,10 +4,10 @@
 #   make test                         the suite on 0.3.75, then on 0.33.0 when a 0.33 tree is provided
 COMFYUI_VERSION ?= 0.3.75
 ifeq ($(COMFYUI_VERSION),0.33)
-PY := .venv-0.33/bin/python
+PY := $(or $(MEMORYKIT_VENV_033),.venv-0.33)/bin/python
 DEMO_ENV := COMFYUI_PATH=$(or $(COMFYUI_033_PATH),$(CURDIR)/.cache/comfyui-0.33.0)
 else
-PY := .venv/bin/python
+PY := $(or $(MEMORYKIT_VENV),.venv)/bin/python
 DEMO_ENV :=
 endif
 
