@@ -25,6 +25,7 @@ class Ctx:
     dtype: torch.dtype
     device: torch.device
     tmpdir: str
+    tiny: bool = False  # the runbook dry run's narrow model (benchmarks.model.TINY): checks the harness only
 
 
 @dataclass
@@ -44,7 +45,7 @@ class Case:
 
 
 def _build(ctx: Ctx, **kw):
-    return bm.build(ctx.depth, ctx.single, ctx.dtype, ctx.device, **kw)
+    return bm.build(ctx.depth, ctx.single, ctx.dtype, ctx.device, tiny=ctx.tiny, **kw)
 
 
 def resident(ctx: Ctx) -> Prepared:

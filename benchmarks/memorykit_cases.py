@@ -23,7 +23,7 @@ def _tech(name: str):
 
 
 def _build(ctx: Ctx):
-    return bm.build(ctx.depth, ctx.single, ctx.dtype, ctx.device)
+    return bm.build(ctx.depth, ctx.single, ctx.dtype, ctx.device, tiny=ctx.tiny)
 
 
 def fp8(preset: str, scaling: str = "per-tensor", fp8_matmul: bool = False):

@@ -1,7 +1,8 @@
 """One benchmark harness: every memory strategy on the same model, side by side, one process.
 
     python -m benchmarks.run            # GPU default: Flux-shaped 8+16 blocks (5.05 B), 1024² and 2048²
-    python -m benchmarks.run --quick    # CPU/CI: 1+1 blocks at 256², GPU-only cases listed as skipped
+    python -m benchmarks.run --quick    # CPU: 1+1 blocks at 256², GPU-only cases listed as skipped
+    python -m benchmarks.run --quick --tiny  # the same on the runbook dry run's narrow model (what the tests run)
 
 Per case and resolution: seconds per forward, ratio to resident, the transfer floor
 max(resident compute time, streamed bytes / measured pinned H2D bandwidth) and the ratio to
@@ -45,7 +46,7 @@ def tolerance(name: str) -> float | None:
 
 def measure_one(case, prep, res, args, dtype, device, bw, refs, resident_s) -> dict:
     """One case at one resolution: the row of figures (see the module doc)."""
-    inp = bm.inputs(res, dtype, device)
+    inp = bm.inputs(res, dtype, device, tiny=args.tiny)
     s, out, peak = measure.time_forward(prep.fn, inp, device, args.iters)
     if case.name == "resident":
         refs[res], resident_s[res] = out.cpu(), s
@@ -79,11 +80,11 @@ def run(args, out_path=None) -> dict:
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
             "torch": torch.__version__, "comfyui": comfy_version, "python": platform.python_version(),
-            "depth": args.depth, "single": args.single, "dtype": args.dtype, "res": args.res, "iters": args.iters,
+            "depth": args.depth, "single": args.single, "tiny": args.tiny, "dtype": args.dtype, "res": args.res, "iters": args.iters,
             "h2d_pinned_bytes_per_s": bw}
     results, refs, resident_s = [], {}, {}
     with tempfile.TemporaryDirectory(prefix="mk-bench-") as tmp:
-        ctx = Ctx(args.depth, args.single, dtype, device, tmp)
+        ctx = Ctx(args.depth, args.single, dtype, device, tmp, args.tiny)
         for case in all_cases():
             if args.cases and case.name != "resident" and not any(c in case.name for c in args.cases):
                 continue
@@ -116,7 +117,7 @@ def run(args, out_path=None) -> dict:
 def print_table(data: dict) -> None:
     m = data["meta"]
     print(f"\n{m['device']} · torch {m['torch']} · ComfyUI {m['comfyui']} · Flux-shaped {m['depth']}+{m['single']} "
-          f"blocks {m['dtype']} · H2D {m['h2d_pinned_bytes_per_s'] / 1e9 if m['h2d_pinned_bytes_per_s'] else float('nan'):.1f} GB/s")
+          f"blocks{' (tiny: hidden 128)' if m.get('tiny') else ''} {m['dtype']} · H2D {m['h2d_pinned_bytes_per_s'] / 1e9 if m['h2d_pinned_bytes_per_s'] else float('nan'):.1f} GB/s")
     hdr = f"{'case':<40} {'res':>5} {'s/fwd':>8} {'×res':>6} {'×floor':>7} {'peak GiB':>9} {'RSS GiB':>8} {'err':>8}"
     print(hdr)
     print("-" * len(hdr))
@@ -133,6 +134,9 @@ def print_table(data: dict) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="MemoryKit benchmark harness")
     ap.add_argument("--quick", action="store_true", help="small CPU-friendly run (1+1 blocks, 256², fp32, 1 iter)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="the narrow model of the runbook's dry run (hidden 128, 0.9 M params): checks the harness, "
+                         "its figures mean little")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--single", type=int, default=16)
@@ -147,7 +151,8 @@ def main(argv=None) -> int:
         args.depth, args.single, args.res, args.iters = 1, 1, [256], 1
     if args.dtype is None:
         args.dtype = "bf16" if args.device.startswith("cuda") else "fp32"
-    out = Path(args.out or REPO / "benchmarks" / "results" / f"latest_{'gpu' if args.device.startswith('cuda') else 'cpu'}.json")
+    kind = ("gpu" if args.device.startswith("cuda") else "cpu") + ("_tiny" if args.tiny else "")  # never over the real figures
+    out = Path(args.out or REPO / "benchmarks" / "results" / f"latest_{kind}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     data = run(args, out)
     measure.write_json_atomic(out, data)

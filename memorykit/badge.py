@@ -58,6 +58,8 @@ def _peak(rep: dict) -> str | None:
 def _fp8(info: dict) -> list[str]:
     # "(core)": the Linear layers hold core's QuantizedTensor (fp8_core); the text has the full path.
     before, after = info["weight_bytes_before"], info["weight_bytes_after"]
+    if info.get("passed_through"):
+        return ["already quantized: passed through", f"{fmt_bytes(before)} as stored"]
     pct = round(100 * (after - before) / before) if before else 0
     sign = "−" if pct < 0 else "+"
     return [f"{fmt_bytes_pair(before, after)} ({sign}{abs(pct)} %)",
@@ -65,27 +67,35 @@ def _fp8(info: dict) -> list[str]:
             f"{len(info.get('kept_layers', []))} kept"]
 
 
-def _group_offload(info: dict) -> list[str]:
+def _group_offload(info: dict, rep: dict | None = None) -> list[str]:
+    """Before a run: the plan (resident, streamed per forward, what it needs, "planned"). After a
+    run (``info["run"]``): what happened (bytes streamed per step first, the VRAM peak, or the RAM
+    peak without a GPU, resident, and the steps' time), the plan's figures no longer shown."""
     fig = info.get("figures") or {}
     plan = info.get("plan") or fig
     run = info.get("run") or {}
+    src = " from disk" if (info.get("options") or {}).get("offload_to") == "disk" else ""
     out = []
-    if "resident_bytes" in plan:
-        out.append(f"resident {fmt_bytes(plan['resident_bytes'])}")
-    per_fwd = plan.get("streamed_bytes")
-    if run.get("forwards"):
-        per_fwd = run.get("bytes_moved", 0) / run["forwards"]
-    if per_fwd is not None:
-        src = " from disk" if (info.get("options") or {}).get("offload_to") == "disk" else ""
-        out.append(f"streams {fmt_bytes(per_fwd)}/forward{src}")
-    if run.get("peak_vram_bytes") is not None:
-        out.append(f"peak {fmt_bytes(run['peak_vram_bytes'])}")
-    elif "footprint_bytes" in plan:
-        out.append(f"needs {fmt_bytes(plan['footprint_bytes'])}")
-    if run.get("seconds") is not None:
-        out.append(f"{run.get('forwards', 0)} forwards in {fmt_seconds(run['seconds'])}")
-    elif str(info.get("status", "")).startswith("planned"):
-        out.append("planned")
+    resident = [f"resident {fmt_bytes(plan['resident_bytes'])}"] if "resident_bytes" in plan else []
+    if run.get("forwards"):  # what the offload did first: bytes streamed per step (never behind "+N")
+        per, unit = (run["steps"], "step") if run.get("steps") else (run["forwards"], "forward")
+        out.append(f"streams {fmt_bytes(run.get('bytes_moved', 0) / per)}/{unit}{src}")
+        if run.get("peak_vram_bytes") is not None:
+            out.append(f"peak {fmt_bytes(run['peak_vram_bytes'])}")
+        elif isinstance(((rep or {}).get("host") or {}).get("rss_peak_bytes"), (int, float)):
+            out.append(f"RAM peak {fmt_bytes(rep['host']['rss_peak_bytes'])}")
+        out += resident
+        if run.get("seconds") is not None:
+            n, what = (run["steps"], "steps") if run.get("steps") else (run["forwards"], "forwards")
+            out.append(f"{n} {what} in {fmt_seconds(run['seconds'])}")
+    else:
+        out += resident
+        if plan.get("streamed_bytes") is not None:
+            out.append(f"streams {fmt_bytes(plan['streamed_bytes'])}/forward{src}")
+        if "footprint_bytes" in plan:
+            out.append(f"needs {fmt_bytes(plan['footprint_bytes'])}")
+        if str(info.get("status", "")).startswith("planned"):
+            out.append("planned")
     if any(str(n).startswith("pinned memory disabled") for n in info.get("notes", [])):
         out.append("pageable copies")
     return out
@@ -171,7 +181,7 @@ def badge_figures(rep: dict) -> list[str]:
     if isinstance(rep.get("fp8"), dict) and "weight_bytes_before" in rep["fp8"]:
         return _fp8(rep["fp8"])
     if isinstance(rep.get("group_offload"), dict):
-        return _group_offload(rep["group_offload"]) or _memory_report(rep)
+        return _group_offload(rep["group_offload"], rep) or _memory_report(rep)
     if isinstance(rep.get("tiled_vae"), dict):
         return _tiled_vae(rep, rep["tiled_vae"])
     if isinstance(rep.get("sharded"), dict):

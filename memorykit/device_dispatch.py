@@ -15,6 +15,13 @@ space reserved before writing: a full disk is an OSError, never a SIGBUS) and re
 as views of its mapping (``dispatch_model(state_dict=...)``), not as accelerate's ``<name>.dat``
 files: a file without a name cannot be removed or truncated while the map is loaded, so the
 forward and the restore on removal always read the real weights (issue 23 item 8).
+
+Quantized weights (core's ``QuantizedTensor``, GGUF) reach accelerate as their stored parts
+(:func:`memorykit.weight_parts.decompose` with ``several=True``, the rule Group Offload uses
+too): before dispatch each is replaced by plain Parameters (fp8 data, scales: ``<name>__mk_part<i>``;
+GGUF: its raw bytes under its own name), so accelerate places, offloads and writes to disk the
+stored bytes; the layer's forward gets the weight rebuilt over the parts where accelerate put
+them, and removal puts the original weight object back over its restored parts.
 """
 from __future__ import annotations
 
@@ -26,10 +33,10 @@ from accelerate.hooks import remove_hook_from_module
 from accelerate.utils import set_module_tensor_to_device
 from accelerate.utils.offload import extract_submodules_state_dict
 
-from . import leftovers
+from . import leftovers, weight_parts
 from .device_map import OFFLOAD_DEVICES, Device, device_name, main_device as default_main_device
 from .offload import check_disk_folder
-from .offload_plan import packed_layout
+from .offload_plan import address_phase, copy_at_phase, packed_layout
 from .offload_store import DiskStore
 
 OFFLOAD_DIR_PREFIX = "memorykit-devicemap-"
@@ -70,9 +77,11 @@ class DispatchedModel:
 
     def __init__(self, module: torch.nn.Module, device_map: dict, main_device: Device,
                  offload_dir: str | None, original_devices: dict, own_forwards: frozenset = frozenset(),
-                 store: DiskStore | None = None):
+                 store: DiskStore | None = None, parts: weight_parts.Decomposed | None = None):
         self.module = module
         self.store = store
+        self.disk_bytes = 0  # bytes written to disk (the stored bytes of the disk entries, no padding)
+        self.parts = parts if parts is not None else weight_parts.Decomposed()
         self.device_map = dict(device_map)
         self.main_device = main_device
         self.offload_dir = offload_dir
@@ -90,6 +99,7 @@ class DispatchedModel:
         # Raising half-way keeps the handle active with its store: calling again finishes the job.
         _restore(self.module, self.original_devices, self.own_forwards)
         _own_memory(self.module, self.store)
+        self.parts.restore()
         self.active = False
         if self.store is not None:
             self.store.close()
@@ -131,7 +141,7 @@ def _own_memory(module: torch.nn.Module, store: DiskStore | None) -> None:
     hi = lo + store.nbytes
     for _, t in _named_tensors(module):
         if t.device.type == "cpu" and lo <= t.untyped_storage().data_ptr() < hi:
-            t.data = t.data.clone()
+            t.data = copy_at_phase(t.data)  # the view keeps the phase the weight was loaded at (_pack_to_disk)
 
 
 def _expand_root(module: torch.nn.Module, device_map: dict) -> dict:
@@ -149,10 +159,21 @@ def _expand_root(module: torch.nn.Module, device_map: dict) -> dict:
     return {n: d for n in names} or dict(device_map)
 
 
+def _tensor_dict(module: torch.nn.Module) -> dict:
+    """Parameters and persistent buffers by name: what accelerate's hooks look up (a layer's own
+    ``state_dict`` may name its stored form otherwise, as core's quantized layers do)."""
+    out = dict(module.named_parameters())
+    for mn, m in module.named_modules():
+        for bn, b in m._buffers.items():
+            if b is not None and bn not in m._non_persistent_buffers_set:
+                out[f"{mn}.{bn}" if mn else bn] = b
+    return out
+
+
 def disk_state_dict(module: torch.nn.Module, device_map: dict) -> dict:
     """The tensors of ``module`` a map puts on ``disk`` (state-dict names), as ``dispatch_model`` offloads them."""
     disk = [n for n, d in _expand_root(module, device_map).items() if d == "disk"]
-    return extract_submodules_state_dict(module.state_dict(), disk) if disk else {}
+    return extract_submodules_state_dict(_tensor_dict(module), disk) if disk else {}
 
 
 def _pack_to_disk(folder: str, state_dict: dict) -> tuple[DiskStore, dict]:
@@ -161,7 +182,8 @@ def _pack_to_disk(folder: str, state_dict: dict) -> tuple[DiskStore, dict]:
     Raises OSError when the folder cannot take them (a full disk: ENOSPC)."""
     names = list(state_dict)
     tensors = [state_dict[n].detach() for n in names]
-    offsets, total = packed_layout(tensors)
+    # each at its address phase as loaded: the CPU computes with it bit for bit as before (address_phase)
+    offsets, total = packed_layout(tensors, [address_phase(t) for t in tensors])
     store = DiskStore(folder, total)
     views = {}
     try:
@@ -217,13 +239,28 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
                          "hooks); remove it first")
     check_devices_present(device_map)
     main = default_main_device(device_map) if main_device is None else main_device
-    original = {n: t.device for n, t in _named_tensors(module)}
     own_forwards = _instance_forwards(module)
-    offload_dir, store, weights = None, None, None
+    parts = weight_parts.decompose(module, several=True)
+    try:
+        return _dispatch(module, device_map, offload_folder, main, skip_keys, preload_module_classes, own_forwards,
+                         parts)
+    except BaseException:
+        parts.restore()
+        raise
+
+
+def _dispatch(module, device_map, offload_folder, main, skip_keys, preload_module_classes, own_forwards,
+              parts) -> DispatchedModel:
+    original = {n: t.device for n, t in _named_tensors(module)}
+    offload_dir, store, weights, disk_bytes = None, None, None, 0
     expanded = _expand_root(module, device_map)
+    if parts and main != "cpu" and "disk" not in device_map.values():
+        cpu = [n for n, d in expanded.items() if d == "cpu"]
+        if cpu:  # accelerate would build it from module.state_dict(), which names quantized layers otherwise
+            weights = extract_submodules_state_dict(_tensor_dict(module), cpu)
     if "disk" in device_map.values():
         disk_weights = disk_state_dict(module, device_map)
-        need = sum(t.numel() * t.element_size() for t in disk_weights.values())
+        need = disk_bytes = sum(t.numel() * t.element_size() for t in disk_weights.values())
         parent = check_disk_folder(offload_folder or tempfile.gettempdir(), need, what="offload_folder")
         try:
             offload_dir = leftovers.make_folder(OFFLOAD_DIR_PREFIX, parent)
@@ -239,7 +276,7 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
         if main != "cpu":  # accelerate streams "cpu" entries from this state dict too when it is given
             cpu = [n for n, d in expanded.items() if d == "cpu"]
             if cpu:
-                weights.update(extract_submodules_state_dict(module.state_dict(), cpu))
+                weights.update(extract_submodules_state_dict(_tensor_dict(module), cpu))
     try:
         dispatch_model(module, device_map=expanded, main_device=main, state_dict=weights,
                        offload_index={} if weights is not None else None, skip_keys=skip_keys,
@@ -258,4 +295,6 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
             raise RuntimeError(f"out of memory while placing the device map on {', '.join(sorted(on))}: lower "
                                f"max_memory for those devices (or free memory) and run again. ({e})") from None
         raise
-    return DispatchedModel(module, device_map, main, offload_dir, original, own_forwards, store)
+    handle = DispatchedModel(module, device_map, main, offload_dir, original, own_forwards, store, parts)
+    handle.disk_bytes = disk_bytes
+    return handle

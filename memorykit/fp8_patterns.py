@@ -171,10 +171,14 @@ def parse_patterns(text: str) -> list[str]:
 @dataclass
 class LayerPlan:
     """Which layers are cast. ``cast``: module names to store in float8; ``kept``: name →
-    reason (the matching skip pattern, or why the layer cannot be cast)."""
+    reason (the matching skip pattern, or why the layer cannot be cast); ``as_stored``: the kept
+    layers whose weights the file already stores quantized or in its own per-layer format (core's
+    quantized layers, scaled-fp8 layers, float8 weights, a mixed file's bf16 layers) — when
+    nothing else is left to cast, the model is already what FP8 Layerwise Cast would make."""
 
     cast: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)
+    as_stored: list[str] = field(default_factory=list)
 
 
 def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str, str]],
@@ -187,6 +191,9 @@ def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str
     ``(pattern, reason)`` pair a preset's, matched by ``re``) matches, when its weight
     is not float32/float16/bfloat16 (already quantised, e.g. core's fp8 weight dtype), or when
     it holds parameters/buffers other than ``weight``/``bias`` (e.g. core's scaled-fp8 ops).
+    Layers that are no torch Linear/Conv are not cast; listed as kept when their weight is
+    quantised, or high precision in a Linear-like layer (``in_features``: the layers a
+    per-layer "mixed" fp8 checkpoint deliberately left in bf16).
     ``get_module(name, module)`` may map a module found in the tree to the one to inspect
     (ComfyUI: the original behind an object patch). ``check()`` runs before each module (ComfyUI:
     its interrupt check, so Cancel stops a long plan).
@@ -208,6 +215,12 @@ def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str
             w = m._parameters.get("weight")
             if w is not None and stored_parts.is_quantized(w):  # core's quantized layers are no nn.Linear
                 plan.kept[name] = f"already quantised ({stored_parts.describe(w)}): left as stored"
+                plan.as_stored.append(name)
+            elif (w is not None and hasattr(m, "in_features") and type(w.data) is torch.Tensor
+                  and w.dtype in HIGH_PRECISION):  # a Linear of the loader's own kind, e.g. a mixed-format file's bf16 layer
+                plan.kept[name] = (f"left in {str(w.dtype).replace('torch.', '')} by the checkpoint's per-layer "
+                                   "format: left as stored")
+                plan.as_stored.append(name)
             continue
         why = next((w for search, w in compiled if search(name)), None)
         if why is None:
@@ -220,6 +233,8 @@ def plan_layers(module: torch.nn.Module, skip_patterns: Iterable[str | tuple[str
                 why = "weight is not a plain tensor"
             elif w.dtype not in HIGH_PRECISION:
                 why = f"weight already {str(w.dtype).replace('torch.', '')}"
+            if why is not None:
+                plan.as_stored.append(name)
         if why is None:
             plan.cast.append(name)
         else:

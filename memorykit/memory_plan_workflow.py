@@ -290,10 +290,13 @@ def _sentence(d: Decision, plan: WorkflowPlan, fits: list[Candidate]) -> str:
 ENCODE_TOKENS = 512
 
 
-def encoder_figures(module, label: str, dtype: str, tokens: int = ENCODE_TOKENS) -> ModelFigures:
+def encoder_figures(module, label: str, dtype: str, tokens: int = ENCODE_TOKENS, fp8: bool = True) -> ModelFigures:
     """:class:`ModelFigures` of a text encoder module (meta tensors work: only sizes are read).
-    Blocks: the children of its largest ``ModuleList`` (the transformer layers); fp8: the Linear
-    layers inside those blocks (embeddings, norms and the final projection keep their dtype);
+    Bytes are the bytes stored (a quantized weight's stored parts: fp8_scaled, GGUF).
+    Blocks: the children of its largest ``ModuleList`` (the transformer layers); fp8 (unless
+    ``fp8`` is False): the torch Linear layers inside those blocks whose weight is a plain
+    high-precision tensor (embeddings, norms, the final projection and layers a file already
+    stores quantized keep their dtype; none left: fp8 not offered);
     working memory of one encode: ``tokens`` × the summed output widths of one block's Linear
     layers × the element size, plus one attention score matrix (tokens² × heads, heads =
     width / 128); FLOPs: 2 × parameters × ``tokens``."""
@@ -305,10 +308,11 @@ def encoder_figures(module, label: str, dtype: str, tokens: int = ENCODE_TOKENS)
     name, blocks = max(lists, key=lambda x: size(x[1])) if lists else ("", [])
     block_lists = [(name, [(f"{name}.{i}", b) for i, b in enumerate(blocks)])] if lists else []
     cast = {f"{name}.{i}.{n}" for i, b in enumerate(blocks) for n, x in b.named_modules()
-            if isinstance(x, torch.nn.Linear) and x.weight.dtype in (torch.float16, torch.bfloat16, torch.float32)}
+            if fp8 and isinstance(x, torch.nn.Linear) and type(x.weight.data) is torch.Tensor
+            and x.weight.dtype in (torch.float16, torch.bfloat16, torch.float32)}
     first = blocks[0] if lists else module
-    lin = [x for x in first.modules() if isinstance(x, torch.nn.Linear)]
-    elem = lin[0].weight.element_size() if lin else 2
+    lin = [x for x in first.modules() if hasattr(x, "in_features") and hasattr(x, "out_features")]  # core's quantized too
+    elem = {torch.float32: 4}.get(getattr(lin[0].weight, "dtype", None), 2) if lin else 2
     width = max((x.in_features for x in lin), default=0)
     act = tokens * sum(x.out_features for x in lin) * elem + tokens * tokens * max(1, width // 128) * elem
     params = sum(p.numel() for p in module.parameters())

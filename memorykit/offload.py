@@ -20,6 +20,7 @@ Where this code does what diffusers does not (each marked "why" below):
 from __future__ import annotations
 
 import contextlib
+import errno
 import inspect
 import logging
 import os
@@ -80,6 +81,18 @@ def _move_(t: torch.Tensor, device: torch.device) -> None:
         t.data = t.data.to(device)
 
 
+def _path_text(folder, what: str) -> str:
+    """``folder`` as text, refusing what no path can hold: NUL and unpaired surrogates (JSON
+    ``\\u0000`` / ``\\ud800``), which ``os.path.exists`` answers with False ("does not exist")."""
+    text = str(folder)
+    bad = next((i for i, ch in enumerate(text) if ch == "\x00" or "\ud800" <= ch <= "\udfff"), None)
+    if bad is not None:
+        shown = repr(text[:60]) + ("..." if len(text) > 60 else "")
+        raise RuntimeError(f"{what} {shown}: character {bad + 1} ({text[bad]!r}) cannot be part of a path: "
+                           "remove it (paste the folder's path again).")
+    return text
+
+
 def check_disk_folder(folder: str | os.PathLike, need_bytes: int = 0, what: str = "Disk offload folder") -> str:
     """Check that ``folder`` can take ``need_bytes`` of offload files; return its absolute path.
 
@@ -87,12 +100,21 @@ def check_disk_folder(folder: str | os.PathLike, need_bytes: int = 0, what: str 
     saying what to fix when the folder is missing, not a folder, not writable, or has less than
     ``need_bytes`` + 256 MiB free. ``what`` names the folder in messages (a node's field name).
     """
-    path = os.path.abspath(os.path.expanduser(str(folder)))
-    if os.path.islink(path) and not os.path.exists(path):
-        raise RuntimeError(f"{what} {path!r} is a symlink to {os.readlink(path)!r}, which does not exist: "
-                           "fix the link or choose another folder.")
-    if not os.path.exists(path):
-        raise RuntimeError(f"{what} {path!r} does not exist: create it or choose another folder.")
+    path = os.path.abspath(os.path.expanduser(_path_text(folder, what)))
+    try:
+        os.stat(path)
+    except OSError as e:  # os.path.exists says False for every error: say which it is
+        if e.errno == errno.ENOENT and os.path.islink(path):
+            raise RuntimeError(f"{what} {path!r} is a symlink to {os.readlink(path)!r}, which does not exist: "
+                               "fix the link or choose another folder.") from None
+        shown = repr(path) if len(path) <= 200 else repr(path[:100]) + f"... ({len(path)} characters)"
+        why = {errno.ENAMETOOLONG: "is longer than the file system allows (255 bytes per name, 4096 in all): "
+                                   "choose a shorter path.",
+               errno.ENOTDIR: "has a file, not a folder, on its way: fix the path or choose another folder.",
+               errno.EACCES: f"cannot be reached ({e.strerror}): choose a folder this process may open.",
+               errno.ELOOP: "goes through a loop of symlinks: fix the links or choose another folder."}
+        raise RuntimeError(f"{what} {shown} " + why.get(e.errno, "does not exist: create it or choose another "
+                                                        "folder.")) from None
     if not os.path.isdir(path):
         raise RuntimeError(f"{what} {path!r} is not a folder: choose a folder.")
     try:

@@ -22,6 +22,7 @@ OFFLOAD_TYPES = ("block_level", "leaf_level")
 OFFLOAD_TARGETS = ("cpu", "disk")
 SCHEDULERS = ("memorykit", "diffusers")
 ALIGN_BYTES = 512  # tensor alignment inside packed host buffers and the device ring (cudaMalloc gives 512)
+PHASE_BYTES = 64  # CPU allocations are aligned to this; kernels choose their path by the address modulo it
 RING_GROUPS = {"block_level": 2, "leaf_level": 4}  # event ring size, in largest groups (see ring_bytes)
 
 # Layers diffusers streams one by one in leaf_level (diffusers.hooks._common._GO_LC_SUPPORTED_PYTORCH_LAYERS).
@@ -103,15 +104,41 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in stored_parts.expand(tensors))
 
 
-def packed_layout(tensors) -> tuple[list[int], int]:
+def packed_layout(tensors, phases=None) -> tuple[list[int], int]:
     """Byte offsets of ``tensors`` packed one after another, each at a multiple of
-    :data:`ALIGN_BYTES`, and the packed size in bytes (a multiple of it too)."""
+    :data:`ALIGN_BYTES` (plus ``phases[i]`` bytes when given, see :func:`address_phase`), and the
+    packed size in bytes (a multiple of :data:`ALIGN_BYTES` too)."""
     offsets, total = [], 0
-    for t in tensors:
+    for i, t in enumerate(tensors):
+        total = -(-total // ALIGN_BYTES) * ALIGN_BYTES + (phases[i] if phases else 0)
         offsets.append(total)
-        n = t.numel() * t.element_size()
-        total += -(-n // ALIGN_BYTES) * ALIGN_BYTES
-    return offsets, total
+        total += t.numel() * t.element_size()
+    return offsets, -(-total // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def address_phase(t: torch.Tensor) -> int:
+    """``t``'s address modulo :data:`PHASE_BYTES`.
+
+    CPU matrix kernels (oneDNN / MKL GEMM) choose their code path by the operands' addresses, and
+    the paths round differently in the last bit: the same float32 weight at an address 8 bytes off
+    gives a result one ulp apart. A weight ComfyUI loaded as a view of the checkpoint's memory sits
+    wherever the file put it (not on a 64-byte boundary); a copy of it computed on the CPU must sit
+    at the same phase for the output to stay bit-exact (GPU allocations are all aligned alike)."""
+    return t.data_ptr() % PHASE_BYTES
+
+
+def copy_at_phase(t: torch.Tensor, phase: int | None = None) -> torch.Tensor:
+    """A copy of ``t`` in memory of its own whose address has ``phase`` (default: ``t``'s own,
+    see :func:`address_phase`); a plain ``clone()`` for a non-contiguous tensor."""
+    if not t.is_contiguous():
+        return t.clone()
+    phase = address_phase(t) if phase is None else phase
+    nbytes = t.numel() * t.element_size()
+    buf = torch.empty(nbytes + PHASE_BYTES, dtype=torch.uint8, device=t.device)
+    o = (phase - buf.data_ptr()) % PHASE_BYTES
+    out = buf[o:o + nbytes].view(t.dtype).view(t.shape)
+    out.copy_(t)
+    return out
 
 
 def module_tensors(module: nn.Module) -> list[torch.Tensor]:

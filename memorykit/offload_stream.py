@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .offload_plan import ALIGN_BYTES, packed_layout
+from .offload_plan import ALIGN_BYTES, address_phase, copy_at_phase, packed_layout
 from .offload_store import DiskStore, page_round
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,7 @@ class _Group:
     ready: object = None
     done: object = None
     inference: list[bool] = field(default_factory=list)  # per tensor: an inference tensor before apply
+    phases: list[int] = field(default_factory=list)  # per tensor: its address phase before apply
 
 
 def _view(buf: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
@@ -135,17 +136,22 @@ class EventRing:
         self.events = use_stream and self.device.type == "cuda"
         self.cuda = self.device.type == "cuda"
         self.groups: list[_Group] = []
+        grown = largest_planned = 0
         for i, (mods, tensors) in enumerate(groups):
             for t in tensors:
                 if type(t.data) is not torch.Tensor or t.device.type != "cpu":
                     raise ValueError(f"event-ring streaming needs plain CPU tensors; found a {type(t.data).__name__} "
                                      f"on {t.device}")
-            offsets, total = packed_layout(tensors)
+            phases = [address_phase(t) for t in tensors]
+            # computed on the CPU: each copy at the address phase the weight had (offload_plan.address_phase)
+            offsets, total = packed_layout(tensors, phases if self.device.type == "cpu" else None)
+            plain_total = packed_layout(tensors)[1]
+            largest_planned, grown = max(largest_planned, plain_total), grown + total - plain_total
             self.groups.append(_Group(i, list(mods), tensors, offsets, total,
-                                      inference=[t.is_inference() for t in tensors]))
-        largest = max((g.nbytes for g in self.groups), default=0)
-        if ring_bytes < largest:
-            raise ValueError(f"ring of {ring_bytes} bytes is smaller than the largest group ({largest} bytes)")
+                                      inference=[t.is_inference() for t in tensors], phases=phases))
+        if ring_bytes < largest_planned:
+            raise ValueError(f"ring of {ring_bytes} bytes is smaller than the largest group ({largest_planned} bytes)")
+        ring_bytes += grown  # (CPU only) the phases' padding: the same groups fit as planned
         self.ring_bytes = ring_bytes
         self.pinned_bytes = 0
         self.copied_bytes = 0
@@ -222,16 +228,21 @@ class EventRing:
             h.remove()
         self._hooks.clear()
         for g in self.groups:
-            for t, host, inf in zip(g.tensors, g.host, g.inference or [False] * len(g.tensors)):
+            n = len(g.tensors)
+            for t, host, inf, ph in zip(g.tensors, g.host, g.inference or [False] * n, g.phases or [0] * n):
                 if g.buffer is None:
                     t.data = host
                     continue
                 # an inference tensor (loaded inside ComfyUI's inference mode) gets one back: core's
-                # quantized layers rebuild their Parameters from it in inference mode
+                # quantized layers rebuild their Parameters from it in inference mode; at the
+                # address phase it had, so the CPU computes with it as before
                 with torch.inference_mode(inf):
-                    own = torch.empty_like(host, device="cpu")
-                    own.copy_(host)
+                    own = copy_at_phase(host, ph)
                 t.data = own
+            if self.store is not None and g.buffer is not None:
+                # the group's file pages were read for the copy: drop them now, so restoring a model
+                # from disk holds its weights once (not the copies plus the mapping's pages)
+                self.store.drop(g.store_offset, g.nbytes)
             g.host, g.dev, g.state = [], [], HOST
             if g.locked_ptr is not None:
                 if not cuda_ok(torch.cuda.cudart().cudaHostUnregister(g.locked_ptr)):
@@ -280,7 +291,7 @@ class EventRing:
             if self.events:
                 torch.cuda.current_stream(self.device).wait_event(g.ready)
             for t, host in zip(g.tensors, g.host):
-                t.data = host.to(self.device, copy=True)
+                t.data = copy_at_phase(host) if self.device.type == "cpu" else host.to(self.device, copy=True)
             g.dev, g.start, g.state = [], -1, RESIDENT
             self.resident_groups += 1
 

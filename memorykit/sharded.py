@@ -46,6 +46,10 @@ from .validation import NAME_MAX
 INDEX_SUFFIX = ".safetensors.index.json"
 SHARD_SUFFIX = ".safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+# The file names transformers / diffusers give a model saved in one file (below max_shard_size): a
+# folder holding one of them and no index (a Hugging Face repository's text_encoder/) is a
+# checkpoint of one shard.
+UNSHARDED_NAMES = ("model.safetensors", "diffusion_pytorch_model.safetensors")
 MAX_INDEX_BYTES = 512 * 2**20  # an index of 10⁶ tensors is ~60 MB; refused above this before reading
 
 Progress = Callable[[int, int], None]
@@ -106,7 +110,8 @@ def _rel(path: Path, folder: Path) -> str:
 def find_index(path: str | os.PathLike) -> Path:
     """The index file of a sharded checkpoint given as a folder or as the index file itself.
 
-    A folder must hold exactly one ``*.safetensors.index.json``. Raises
+    A folder must hold exactly one ``*.safetensors.index.json``, or no index and one file named as
+    transformers/diffusers name an unsharded save (:data:`UNSHARDED_NAMES`; returned itself). Raises
     :class:`ShardedCheckpointError` when ``path`` does not exist, is an empty folder, holds no
     index (with a specific message when it holds only pickle files such as
     ``pytorch_model.bin.index.json``), holds two or more indexes (choose one index file), or is
@@ -133,18 +138,23 @@ def find_index(path: str | os.PathLike) -> Path:
                                      "which shards to load; choose one index file instead of the folder.")
     if indexes:
         return p / indexes[0]
+    single = [e for e in entries if e in UNSHARDED_NAMES]
+    if len(single) == 1:
+        return p / single[0]
     pickles = [e for e in entries if e.lower().endswith(PICKLE_SUFFIXES) or e.endswith(".bin.index.json")]
     if pickles:
         raise ShardedCheckpointError(f"Folder {p} holds only pickle checkpoint files ({', '.join(pickles[:3])}): they "
                                      "are never unpickled by this loader; convert the model to .safetensors shards.")
-    raise ShardedCheckpointError(f"Folder {p} holds no '*{INDEX_SUFFIX}' index (files: {', '.join(entries[:5])}). "
-                                 "A single .safetensors file loads with ComfyUI's own loaders.")
+    raise ShardedCheckpointError(f"Folder {p} holds no '*{INDEX_SUFFIX}' index (files: {', '.join(entries[:5])}) "
+                                 f"and no {' or '.join(UNSHARDED_NAMES)}. A single .safetensors file loads with "
+                                 "ComfyUI's own loaders.")
 
 
 def list_sharded(root: str | os.PathLike) -> list[str]:
     """Sharded checkpoints under ``root``, as paths relative to it with ``/`` separators.
 
-    A folder holding exactly one index is listed as the folder; a folder holding several
+    A folder holding exactly one index (or no index and one unsharded Hugging Face save,
+    :data:`UNSHARDED_NAMES`) is listed as the folder; a folder holding several
     indexes (e.g. ``diffusion_pytorch_model.safetensors.index.json`` and its
     ``.fp16.safetensors.index.json`` variant) lists each index file. Symlinked folders are
     followed (as ComfyUI's own file lists do). Sorted; ``[]`` when ``root`` does not exist.
@@ -166,6 +176,8 @@ def list_sharded(root: str | os.PathLike) -> list[str]:
         rel = Path(dirpath).relative_to(root).as_posix()
         if len(indexes) == 1 and rel != ".":
             out.append(rel)
+        elif not indexes and rel != "." and sum(f in UNSHARDED_NAMES for f in filenames) == 1:
+            out.append(rel)  # an unsharded Hugging Face save: one shard, no index
         else:
             out.extend(f if rel == "." else f"{rel}/{f}" for f in indexes)
     return sorted(out)
@@ -283,6 +295,12 @@ def read_index(path: str | os.PathLike) -> ShardedIndex:
     """
     index_path = find_index(path)
     folder = Path(os.path.realpath(index_path.parent))
+    if index_path.name in UNSHARDED_NAMES:  # one shard, no index: its own keys are the weight map
+        safe_files.check_regular(index_path, f"{index_path.name} in {folder}", ShardedCheckpointError)
+        shard = _read_shard(index_path, index_path.name, folder)
+        if not shard.keys:
+            raise ShardedCheckpointError(f"{index_path} holds no tensors")
+        return ShardedIndex(index_path, folder, dict.fromkeys(shard.keys, shard.name), (shard,), None, shard.nbytes, {})
     data = _load_index_json(index_path)
     weight_map: dict = data["weight_map"]
     by_shard: dict[str, list[str]] = {}

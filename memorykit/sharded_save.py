@@ -167,13 +167,17 @@ def save_sharded(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike,
 
     from .aligned_safetensors import save_file
 
-    folder = Path(folder)
+    folder = shown = Path(folder)
     limit = parse_size(max_shard_size)
     if "{suffix}" not in filename_pattern or not filename_pattern.endswith(".safetensors"):
         raise ValueError(f"filename_pattern {filename_pattern!r} must contain '{{suffix}}' and end in '.safetensors'")
     if not state_dict:
         raise ValueError("nothing to save: the state dict is empty")
     safe_files.check_destination(folder, 0, "name")  # path length, a file in the way, permission
+    if folder.is_symlink() and folder.is_dir():
+        # a link to a folder elsewhere (often another disk): save beside the folder it points to, so
+        # every rename stays on one file system; the link itself is left as it is
+        folder = Path(os.path.realpath(folder))
     if folder.exists() and not overwrite:
         raise FileExistsError(f"{folder} already exists; choose another name or enable overwrite to replace it")
     old_files = previous_save(folder, filename_pattern) if folder.exists() else None
@@ -222,7 +226,7 @@ def save_sharded(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike,
     except BaseException:
         leftovers.remove_folder(tmp)
         raise
-    return {"folder": str(folder), "index": str(folder / index_name), "files": files, "shards": len(files),
+    return {"folder": str(shown), "index": str(shown / index_name), "files": files, "shards": len(files),
             "tensors": len(tensor_to_filename), "total_bytes": total}
 
 

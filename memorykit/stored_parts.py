@@ -1,9 +1,8 @@
 """A weight as the plain tensors that store it, in place: the rule the event ring and the offload plan use.
 
-(:mod:`memorykit.weight_parts` decomposes GGUF weights at the module level for the time a placement
-is applied; this module names the stored parts of a weight *in place*, for core's quantized tensors
-that implement torch's subclass protocol. Both are one rule to merge: kept apart only because
-they landed the same day.)
+(:mod:`memorykit.weight_parts` is the one rule that swaps weights for plain tensors while a placement
+is applied; for weights of several parts it decomposes them with the adapters here. This module
+names the stored parts of a weight *in place*, which is how Group Offload's event ring moves them.)
 
 Checkpoints users download hold weights that are not plain tensors: core's quantized weights
 (``comfy.quant_ops.QuantizedTensor``: float8 data + a scale, a tensor *wrapper* subclass) and
@@ -25,16 +24,9 @@ first. Built in: :class:`FlattenAdapter`, torch's tensor-subclass protocol
 as do torchao's quantized tensors), applied recursively to inner tensors. A weight no adapter
 takes raises :class:`UnsupportedWeight` (a TypeError) naming its type.
 
-Another kind (GGUF's ``GGMLTensor``, a plain-storage subclass carrying ``tensor_type`` /
-``tensor_shape`` / ``patches``) registers an adapter once, at import of the module that knows
-the kind::
-
-    class GGMLAdapter(weight_parts.WeightAdapter):
-        name = "GGUF"
-        def matches(self, t): return isinstance(t, GGMLTensor)
-        def parts(self, t): return [t]          # its storage is the stored bytes
-        def rebuild(self, t, parts): ...        # GGMLTensor(parts[0], tensor_type=t.tensor_type, ...)
-    weight_parts.register(GGMLAdapter())
+GGUF's ``GGMLTensor`` (a plain-storage subclass carrying ``tensor_type`` / ``tensor_shape`` /
+``patches``) is a one-part kind: :mod:`memorykit.weight_parts` takes it through its registered
+codec (``comfy_integration/gguf_weights.py``); here it is its own only part.
 
 Plain torch only; no ComfyUI here.
 """

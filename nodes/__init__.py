@@ -1,4 +1,6 @@
 """ComfyUI surface of MemoryKit: V3 node schemas and thin calls into ``memorykit``."""
+import logging
+
 from comfy_api.latest import ComfyExtension, io
 
 from .device_map import BalancedDeviceMap
@@ -18,6 +20,10 @@ class MemoryKitExtension(ComfyExtension):
     """Registers every MemoryKit node with ComfyUI."""
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [MemoryPlan, MemoryReport, FreeMemory, ShardedCheckpointLoader, ShardedTextEncoderLoader, SaveSharded,
-                Fp8LayerwiseCast, GroupOffload, GroupOffloadLoader, BalancedDeviceMap, TiledVAEDecode, TiledVAEEncode,
-                TextEncoderGroupOffload, TextEncoderFp8, TextEncoderDevice]
+        nodes = [MemoryPlan, MemoryReport, FreeMemory, ShardedCheckpointLoader, ShardedTextEncoderLoader, SaveSharded,
+                 Fp8LayerwiseCast, GroupOffload, GroupOffloadLoader, BalancedDeviceMap, TiledVAEDecode, TiledVAEEncode,
+                 TextEncoderGroupOffload, TextEncoderFp8, TextEncoderDevice]
+        # The one line a user looks for in the startup log to know the pack loaded and where it is.
+        logging.info("[MemoryKit] %d nodes loaded (category %s; example workflows under ComfyUI-MemoryKit in the "
+                     "template browser)", len(nodes), CATEGORY)
+        return nodes

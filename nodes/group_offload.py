@@ -20,11 +20,11 @@ DESCRIPTION = (
 )
 
 
-def _offload_inputs() -> list:
+def _offload_inputs(blocks: str = "whole transformer/UNet blocks") -> list:
     return [
         io.Combo.Input("offload_type", options=["block_level", "leaf_level"], default="block_level",
-                       tooltip="block_level streams whole transformer/UNet blocks (fast with use_stream); "
-                               "leaf_level streams single layers (lowest VRAM, more transfers)."),
+                       tooltip=f"block_level streams {blocks} (fast with use_stream); "
+                               "leaf_level streams single Linear/Conv modules (lowest VRAM, more transfers)."),
         io.Int.Input("num_blocks_per_group", default=1, min=1, max=1024,
                      tooltip="block_level: blocks moved together (the diffusers scheduler forces 1 with "
                              "use_stream; the memorykit one takes any value). A value at least the number of "

@@ -55,7 +55,8 @@ class ShardedTextEncoderLoader(io.ComfyNode):
             inputs=[
                 io.Combo.Input("text_encoder_name", options=ci.sharded_choices("text_encoders"),
                                tooltip="A folder under models/text_encoders holding one *.safetensors.index.json "
-                                       "and its shards (or an index file, where a folder holds several)."),
+                                       "and its shards (or an index file, where a folder holds several), or a "
+                                       "Hugging Face text_encoder/ folder saved in one model.safetensors."),
                 io.Combo.Input("type", options=ci.text_encoder_types(), default="stable_diffusion",
                                tooltip="Which model the encoder is for, as in Load CLIP (stable_diffusion: CLIP-L; "
                                        "wan: UMT5-XXL; sd3/mochi: T5-XXL; ...)."),

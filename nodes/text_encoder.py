@@ -34,7 +34,7 @@ class TextEncoderGroupOffload(io.ComfyNode):
                          "conditioning equals the plain text encoder's. " + _PER_PROMPT + " Embeddings and the "
                          "layers outside the blocks stay resident. Without a GPU, offload_to=cpu passes the text "
                          "encoder through unchanged; offload_to=disk saves RAM."),
-            inputs=[io.Clip.Input("clip", tooltip=_CLIP_IN)] + _offload_inputs(),
+            inputs=[io.Clip.Input("clip", tooltip=_CLIP_IN)] + _offload_inputs("whole encoder layers"),
             outputs=[io.Clip.Output(tooltip="The text encoder, loaded group-offloaded when a prompt is encoded.")],
             hidden=[io.Hidden.unique_id],
         )

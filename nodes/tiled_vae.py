@@ -46,8 +46,8 @@ def _tiling_inputs() -> list:
                                  "with time uncut). Much closer "
                                  "to the untiled result; costs memory proportional to the whole latent. Off: one "
                                  "pass of plain tiles, for comparison — at the same tiles farther from untiled than "
-                                 "ComfyUI's VAE Decode (Tiled), which averages three tilings (zoo: SD decode 1.6×, "
-                                 "HunyuanVideo 1.4× core's error)."),
+                                 "ComfyUI's VAE Decode (Tiled), which averages three tilings (measured: SD decode "
+                                 "1.6×, HunyuanVideo 1.4× core's error)."),
     ]
 
 

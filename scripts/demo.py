@@ -157,7 +157,7 @@ def report(rows: list[dict], minutes: float, disk: dict[str, int], on_gpu: bool,
               "the Tiled VAE row's when it decodes a photograph with trained weights."]
     footer = ([] if on_gpu else demo_table.CPU_NOTES) + [
         f"Measured: {minutes:.0f} minutes for the {2 * len(rows)} runs on a {os.cpu_count()}-core machine "
-        f"shared with other work; the generated model files the workflows read take {sum(disk.values()) / 1e9:.1f} GB."]
+        f"{'with a GPU' if on_gpu else 'without a GPU'}; the generated model files the workflows read take {sum(disk.values()) / 1e9:.1f} GB."]
     print()
     for line in header + demo_table.text_table(rows) + [""] + footer:
         print(line)
@@ -188,8 +188,16 @@ def main(argv=None) -> int:
         return 0 if report(rows, sum(p["minutes"] for p in parts), disk, parts[0].get("on_gpu", False),
                            args.markdown) else 1
 
-    print("Generating the models (first run only) ...", flush=True)
     names = args.only or examples.example_names()
+    skipped = {n: examples.unavailable(n) for n in names}
+    for n, why in skipped.items():
+        if why:
+            print(f"  {n}: skipped on this ComfyUI ({why})", flush=True)
+    names = [n for n in names if not skipped[n]]
+    if not names:
+        print("Nothing to run on this ComfyUI.")
+        return 0
+    print("Generating the models (first run only) ...", flush=True)
     models.ensure_models(("sd15", "wan"))
     demo_setup.ensure_demo_models(names)
     print(f"ComfyUI: {paths.comfyui_path()}  ({'GPU: peak = VRAM' if on_gpu else 'CPU: peak = server RSS'})", flush=True)

@@ -104,6 +104,10 @@ def adjust_prompt(name: str, api: dict) -> list[str]:
                 inp["end_at_step"] = 1
             else:
                 inp["start_at_step"] = 1
+        elif ct == "MemoryKitGroupOffload" and inp.get("offload_to") != "disk":
+            inp["offload_to"] = "disk"  # to RAM, a CPU-only machine has nowhere to move the blocks: unchanged
+            notes.append("Group Offload: offload_to disk (the template's cpu, offload to RAM, passes the model "
+                         "through unchanged on a machine without a GPU)")
         elif ct == "MemoryKitBalancedDeviceMap":
             inp.update(DEVICE_MAP)
             notes.append(f"Balanced Device Map: {DEVICE_MAP['strategy']}, max_memory {DEVICE_MAP['max_memory']}")

@@ -1,6 +1,6 @@
-"""Figures in README.md that come from a results file are written by this script, between
+"""Figures in README.md and docs/formats.md that come from a results file are written by this script, between
 ``<!-- figures:NAME -->`` and ``<!-- /figures:NAME -->``, so they cannot go stale:
-``python scripts/docs_figures.py`` rewrites them, ``--check`` exits 1 when README.md differs
+``python scripts/docs_figures.py`` rewrites them, ``--check`` exits 1 when a file differs
 (tests/test_docs_text.py runs the check)."""
 from __future__ import annotations
 
@@ -37,28 +37,41 @@ def benchmarks_block() -> str:
     ])
 
 
+def formats_block() -> str:
+    """docs/formats.md's tables: those of benchmarks/results/formats.md (scripts/format_table.py), as written."""
+    text = (RESULTS / "formats.md").read_text()
+    return text[text.index("| architecture"):].rstrip("\n")
+
+
 BLOCKS = {"benchmarks": benchmarks_block}
+# file → its blocks
+FILES = {"README.md": BLOCKS, "docs/formats.md": {"formats": formats_block}}
 
 
-def render(text: str) -> str:
-    for name, make in BLOCKS.items():
+def render(text: str, blocks: dict | None = None, where: str = "README.md") -> str:
+    for name, make in (BLOCKS if blocks is None else blocks).items():
         pattern = rf"(<!-- figures:{name} -->\n).*?(<!-- /figures:{name} -->)"
         if not re.search(pattern, text, flags=re.S):
-            raise SystemExit(f"README.md has no <!-- figures:{name} --> block")
+            raise SystemExit(f"{where} has no <!-- figures:{name} --> block")
         text = re.sub(pattern, lambda m: m.group(1) + make() + "\n" + m.group(2), text, flags=re.S)
     return text
 
 
 def main(argv: list[str]) -> int:
-    readme = REPO / "README.md"
-    old = readme.read_text()
-    new = render(old)
-    if "--check" in argv:
-        if new != old:
-            print("README.md's figures differ from benchmarks/results/: run python scripts/docs_figures.py")
-            return 1
-        return 0
-    readme.write_text(new)
+    stale = []
+    for where, blocks in FILES.items():
+        path = REPO / where
+        old = path.read_text()
+        new = render(old, blocks, where)
+        if new == old:
+            continue
+        if "--check" in argv:
+            stale.append(where)
+        else:
+            path.write_text(new)
+    if stale:
+        print(f"{', '.join(stale)}: figures differ from benchmarks/results/: run python scripts/docs_figures.py")
+        return 1
     return 0
 
 

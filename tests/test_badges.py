@@ -43,7 +43,20 @@ CASES = {
         "status": "applied", "options": {"offload_to": "cpu"},
         "figures": {"resident_bytes": int(0.4 * 2**30) + 1, "streamed_bytes": int(1.2 * 2**30), "footprint_bytes": 1},
         "run": {"forwards": 4, "seconds": 2.5, "bytes_moved": 4 * int(1.2 * 2**30), "peak_vram_bytes": int(1.1 * 2**30)}}),
-        ["resident 409.6 MiB", "streams 1.20 GiB/forward", "peak 1.10 GiB", "4 forwards in 2.5 s"]),
+        ["streams 1.20 GiB/forward", "peak 1.10 GiB", "resident 409.6 MiB", "4 forwards in 2.5 s"]),
+    # after a run that reported its steps (2 forwards per step: cond and uncond): per step, and no plan figure
+    "group_offload_run_steps": (rep(cuda=True, group_offload={
+        "status": "applied", "options": {"offload_to": "disk"},
+        "figures": {"resident_bytes": 0, "streamed_bytes": int(1.2 * 2**30), "footprint_bytes": 1},
+        "run": {"forwards": 8, "steps": 4, "seconds": 2.5, "bytes_moved": 8 * int(1.2 * 2**30),
+                "peak_vram_bytes": int(1.1 * 2**30)}}),
+        ["streams 2.40 GiB/step from disk", "peak 1.10 GiB", "resident 0 B", "4 steps in 2.5 s"]),
+    # after a run on a CPU (no VRAM peak): the RAM peak, never the plan's "needs"
+    "group_offload_run_cpu": (rep(group_offload={
+        "status": "applied", "options": {"offload_to": "cpu"},
+        "figures": {"resident_bytes": 0, "streamed_bytes": 1_000_000, "footprint_bytes": 13_529_600},
+        "run": {"forwards": 4, "steps": 4, "seconds": 0.5, "bytes_moved": 4_000_000, "peak_vram_bytes": None}}),
+        ["streams 976.6 KiB/step", "RAM peak 1.88 GiB", "resident 0 B", "4 steps in 0.50 s"]),
     "tiled_vae": (rep(cuda=True, tiled_vae={"plan": {"tiles_per_axis": [3, 3]}, "tile_px": [112, 112], "seconds": 39.5}),
                   ["3×3 tiles", "VRAM peak 1.10 GiB", "112×112 px", "39.5 s"]),
     "tiled_vae_video": (rep(tiled_vae={"plan": {"tiles_per_axis": [1, 3, 3]}, "tile_px": [56, 56], "seconds": 0.4}),

@@ -131,3 +131,19 @@ def test_errors_say_what_to_fix(ci, fp8, comfy, fixture_models):
         cast(ci, plain, scaling="per-row")
     with pytest.raises(ValueError, match="device meta cannot store float8_e4m3fn weights and compute in float16"):
         fp8.check_dtypes("meta", E4M3, torch.float16)
+
+
+@pytest.mark.core_independent
+def test_layers_a_file_already_stores_quantized_are_one_list(fp8):
+    """``plan.as_stored``: the layers kept because the file already stores them quantized — a float8
+    weight (an fp8 e4m3fn checkpoint) and a scaled-fp8 layer (ComfyUI before 0.33 holds fp8_scaled
+    files so: a float8 weight plus a ``scale_weight``) — not those a skip pattern keeps. FP8
+    Layerwise Cast passes a model through unchanged when these are all that is left, on every core."""
+    m = torch.nn.Module()
+    m.plain, m.fp8, m.scaled, m.skipped = (torch.nn.Linear(8, 8) for _ in range(4))
+    m.fp8.weight.data = m.fp8.weight.data.to(torch.float8_e4m3fn)
+    m.scaled.weight.data = m.scaled.weight.data.to(torch.float8_e4m3fn)
+    m.scaled.register_buffer("scale_weight", torch.ones(()))
+    plan = fp8.plan_layers(m, [("^skipped$", "kept by a pattern")])
+    assert plan.cast == ["plain"] and sorted(plan.as_stored) == ["fp8", "scaled"]
+    assert "skipped" in plan.kept and "skipped" not in plan.as_stored

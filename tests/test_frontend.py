@@ -4,7 +4,9 @@ Checks what a person sees, on the frontend the ComfyUI tree ships (1.32 with 0.3
 0.33; ``$MEMORYKIT_FRONT_END_ROOT`` serves another build, e.g. an unpacked
 ``comfyui-frontend-package``'s ``static/``): the editor loads with no console error from our
 extension; the node search finds our nodes; the template browser lists and opens an example
-workflow; every example workflow, queued with the Run button, shows on each MemoryKit node a
+workflow; every example workflow, opened as its file has it (real model file names, served as
+stand-ins; only Wan's and Flux 2's text encoders are replaced) and queued with the Run button, shows
+on each MemoryKit node a
 badge with its report's headline figures (as in ``/history``), well-formed units, never wider
 than the node, "+N" for the rest; hovering a badge and the MemoryKit sidebar panel show the
 full report, newest first; a rerun after a page reload (all cached) shows the last figures
@@ -26,7 +28,7 @@ import pytest
 
 from harness import badge_dom
 from harness import browser as br
-from harness import examples, workflow
+from harness import examples
 from harness.badges import bad_figures, badge_matches, split_badge
 from harness.browser import APP
 from harness.server import PACK_DIR_NAME, ComfyServer
@@ -223,17 +225,20 @@ def _check_badges(badges: dict, reports: dict, name: str, cached: bool = False) 
 
 
 def _load_test_graph(drv, server, name: str, object_info: dict) -> dict:
-    """Load the example's graph with the test substitutions (generated models, fake Wan text
-    encoder) into the editor; returns the API prompt."""
-    api = examples.load_example(name, object_info)
-    ui = workflow.api_to_ui(api, object_info)
+    """Open the example in the editor as a user does: the file's own graph, widget values and real
+    model file names (the server lists the stand-ins under those names, ``harness.stand_ins``);
+    only a Wan or Flux 2 text encoder is replaced by the test text encode
+    (``examples.template_as_run``). Returns the UI graph loaded."""
+    ui = examples.template_as_run(name)
     drv.execute_script(f"await {APP}.loadGraphData(arguments[0]); {APP}.canvas.setDirty(true, true);", ui)
     br.wait_for(drv, f"{APP}.graph.nodes.length === {len(ui['nodes'])}", 30, f"the graph of {name}")
-    return api
+    return ui
 
 
 @pytest.mark.parametrize("name", BADGE_EXAMPLES)
 def test_example_badges(ui_server, browser, editor, ui_object_info, name):
+    if examples.unavailable(name):
+        pytest.skip(examples.unavailable(name))
     _load_test_graph(browser, ui_server, name, ui_object_info)
     entry = _run_in_editor(ui_server, browser)
     reports = {nid: ui["memorykit_report"][0] for nid, ui in entry["outputs"].items() if "memorykit_report" in ui}

@@ -6,7 +6,7 @@ The SD1.5-shaped test UNet as Q8_0, Q4_K and F16 GGUF files (``harness.gguf_mode
   raw GGUF bytes (bytes streamed per forward = bytes stored) and the output equals the plain
   GGUF model's bit for bit; unloading gives back the GGUF weights as they were;
 - LoRA (core's loader) before and after each placement equals the plain GGUF model with it;
-- FP8 Layerwise Cast and Save Sharded refuse with a message; Memory Plan counts stored bytes
+- FP8 Layerwise Cast passes a GGUF model through unchanged (saying why); Save Sharded refuses with a message; Memory Plan counts stored bytes
   and offers no fp8 for it.
 """
 from __future__ import annotations
@@ -181,11 +181,12 @@ def test_lora_before_and_after_the_node_equals_the_plain_gguf_lora(gguf, lora_sd
         _assert_restored(g, tmp_path)
 
 
-def test_fp8_and_save_sharded_refuse_gguf_with_a_message(gguf):
+def test_fp8_passes_gguf_through_and_save_sharded_refuses_with_a_message(gguf):
     from comfyui_memorykit.memorykit import comfy_integration as ci
     g = gguf("q8_0")
-    with pytest.raises(ValueError, match="GGUF.*already stored quantized"):
-        ci.fp8_layerwise_cast(g.patcher)
+    out, info = ci.fp8_layerwise_cast(g.patcher)
+    assert out is g.patcher and info["cast_layers"] == 0
+    assert "GGUF file" in info["passed_through"] and "passed through unchanged" in ci.format_fp8_info(info)
     with pytest.raises(ValueError, match="model: this MODEL comes from a GGUF file"):
         ci.save_model_sharded(g.patcher, "mk_gguf_save_refused")
     assert g.weight_types() == g.types

@@ -91,3 +91,14 @@ def test_gguf_device_map_is_bit_exact(arch, tmp_path):
     assert os.listdir(tmp_path) == []
     arch.assert_restored()
     assert torch.equal(out, arch.reference), f"{arch.name}: max abs {(out - arch.reference).abs().max()}"
+
+
+def test_gguf_memory_plan_counts_stored_bytes_and_offers_no_fp8(arch):
+    """Memory Plan on the zoo's GGUF Q8_0 models: the stored (quantized) bytes, no fp8 offered
+    (FP8 Layerwise Cast and Save Sharded refuse GGUF with a message: tests/test_gguf.py). No forward."""
+    from comfyui_memorykit.memorykit.comfy_integration import memory_plan_io as mpio
+    dm = arch.patcher.model.diffusion_model
+    stored = sum(t.numel() * t.element_size() for t in list(dm.parameters()) + list(dm.buffers()))
+    figs = mpio.model_figures(arch.patcher, list(arch.args[0].shape))
+    assert figs.weight_bytes == stored
+    assert figs.fp8_block_bytes is None, "no fp8 is offered for weights that are already quantized"

@@ -102,6 +102,11 @@ def test_disk_offload_equals_plain_and_leaves_a_shared_plain_branch_unchanged(se
         assert info["run"]["forwards"] >= 4 and info["run"]["bytes_moved"] > 0
         assert info["figures"]["disk_bytes"] >= info["figures"]["streamed_bytes"] > 0
         assert "last run" in run["data"]["output"]["text"][0]
+        # the badge after the run: what happened (per sampling step), not the plan
+        figs = run["data"]["output"]["memorykit_report"][0]["badge"]
+        assert info["run"]["steps"] == 4, info["run"]
+        assert any(f.startswith("streams ") and f.endswith("/step from disk") for f in figs), figs
+        assert "4 steps in" in " · ".join(figs) and not any(f.startswith("needs ") or f == "planned" for f in figs), figs
 
 
 def test_lora_before_and_after_group_offload(server, folder, fixture_models):

@@ -80,10 +80,10 @@ def test_round3_item1_patterns_are_bounded_deduplicated_and_interruptible(fp8):
     48 s. The field is bounded in characters and distinct patterns, duplicates are kept once, and
     the loop over modules runs the caller's interrupt check before each module."""
     import time
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # this process's CPU time: other work on the machine does not count
     with pytest.raises(ValueError, match=r"^extra_skip_patterns is 1,120,000 characters long; at most 65,536"):
         fp8.parse_patterns("blocks\\.0\\.zz\n" * 80_000)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.process_time() - t0 < 1.0  # refused before any pattern is compiled (0.07 s measured)
     assert fp8.parse_patterns("blocks\\.0\\.zz\n" * 4000) == [r"blocks\.0\.zz"]  # 56 000 characters: one pattern
     with pytest.raises(ValueError, match=r"^extra_skip_patterns holds 201 distinct patterns; at most 200"):
         fp8.parse_patterns("\n".join(f"blocks\\.{i}\\.zz" for i in range(201)))

@@ -180,3 +180,18 @@ def test_item14_free_memory_as_the_last_node_runs(server):
     assert res.status == "success", res.error
     rep = res.outputs["2"]["memorykit_report"][0]
     assert rep["label"] == "Free Memory" and "badge" in rep and rep["models"] == []
+
+
+# -- round 4: NUL in a folder field, through JSON ------------------------------------------------
+
+def test_round4_nul_in_a_folder_field_is_named_and_the_next_prompt_runs(server, tmp_path):
+    """``"offload_folder": "...\\u0000"`` said "does not exist: create it"; now the field and the
+    character are named, nothing is created, and the plain prompt after it runs."""
+    dm = {"class_type": "MemoryKitBalancedDeviceMap",
+          "inputs": {"model": ["1", 0], "strategy": "balanced", "max_memory": "cpu=3MiB, disk",
+                     "offload_folder": f"{tmp_path}/off\x00load", "custom_device_map": ""}}
+    msg = _error(server.run({"1": CKPT, "2": dm, "3": _report(["2", 0])}, timeout=120))
+    assert msg.startswith("offload_folder ") and "('\\x00') cannot be part of a path: remove it" in msg, msg
+    assert "Traceback" not in msg and os.listdir(tmp_path) == []
+    res = server.run({"1": CKPT, "3": _report(["1", 0])}, timeout=120)
+    assert res.status == "success", res.error

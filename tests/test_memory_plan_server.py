@@ -1,5 +1,6 @@
 """Memory Plan through a real ComfyUI server: the Wan 2.2 template (one plan for both experts, the
-VAE and the latent; its text encoder is the harness's stand-in, so the plan sees no clip) runs end
+VAE and the latent; its text encoder is the harness's stand-in, so the plan sees no clip) and the
+Flux 2 [dev] one (diffusion model + VAE, on ComfyUI 0.33) run end
 to end on the generated stand-ins, each Memory Plan reports its decisions, sentences and badge; a plan
 that cannot fit fails before anything is loaded, naming what is short. (The SD1.5 template runs in the demo and the browser tests, which run every example.)"""
 from __future__ import annotations
@@ -9,8 +10,10 @@ from harness import examples
 from harness.badges import bad_figures
 
 
-@pytest.mark.parametrize("name", ["memory_plan_wan22_16gb_vram_32gb_ram"])
+@pytest.mark.parametrize("name", ["memory_plan_wan22_16gb_vram_32gb_ram", "memory_plan_flux2_dev_16gb_vram_64gb_ram"])
 def test_template_runs_with_memory_plan(server, object_info, fixture_models, name):
+    if examples.unavailable(name):
+        pytest.skip(examples.unavailable(name))
     out = examples.run_example(server, name, object_info)
     assert out["status"] == "success", out["error"]
     assert out["files"], "no output written"
@@ -35,6 +38,9 @@ def test_template_runs_with_memory_plan(server, object_info, fixture_models, nam
         if name.startswith("memory_plan_wan22"):
             assert rep["machine"]["source"] == "given" and rep["machine"]["vram_bytes"] == 16 * 2**30
             assert "workflow" in rep and rep["machine"]["ram_bytes"] == 32 * 2**30
+        if name.startswith("memory_plan_flux2"):
+            assert rep["machine"]["source"] == "given" and rep["machine"]["vram_bytes"] == 16 * 2**30
+            assert rep["machine"]["ram_bytes"] == 64 * 2**30  # no clip in the test (substituted): one model + VAE
 
 
 def test_a_plan_that_cannot_fit_is_an_error_before_loading(server, fixture_models):

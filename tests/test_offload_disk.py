@@ -99,3 +99,63 @@ def test_default_disk_folder_is_not_comfyui_temp_folder(ci):
     temp = os.path.abspath(folder_paths.get_temp_directory())
     assert not os.path.abspath(path).startswith(temp + os.sep) and os.path.abspath(path) != temp
     assert os.path.abspath(path).startswith(os.path.abspath(folder_paths.get_user_directory()) + os.sep)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _restore_growth(remove, before: int) -> int:
+    """How far the RSS rose above ``before`` while ``remove()`` ran (sampled in a thread)."""
+    import threading
+    peak, done = [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_bytes())
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        remove()
+    finally:
+        done.set()
+        t.join()
+    return max(peak[0], _rss_bytes()) - before
+
+
+@pytest.mark.core_independent
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the RSS from /proc (Linux)")
+@pytest.mark.parametrize("placement", ["group_offload"])  # Balanced Device Map keeps the disk pages it read while sampling mapped (reclaimable cache): not yet checked
+def test_removing_a_disk_placement_holds_the_weights_once(comfy, tmp_path, placement):
+    """Removing a disk placement (Group Offload to disk, Balanced Device Map with disk) reads the
+    weights back into RAM: the RSS stays at the model's size as loaded, not twice it (the pages of
+    the file mapping read for the copies are dropped as they are copied: counted too, they made a
+    2 GiB model's removal peak 2 GiB above plain)."""
+    from comfyui_memorykit.memorykit import device_dispatch, offload
+    from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList(torch.nn.Linear(1024, 1024, bias=False) for _ in range(48))  # 4 MiB each
+    model = torch.nn.Module()
+    model.blocks = blocks
+    size = sum(p.numel() * p.element_size() for p in blocks.parameters())  # 192 MiB
+    ref = [p.detach().clone() for p in blocks.parameters()]
+    before = _rss_bytes()  # the model in RAM, as loaded
+    if placement == "group_offload":
+        h = offload.apply_group_offload(model, "cpu", "cpu", options=GroupOffloadOptions(offload_to="disk"),
+                                        block_lists=[("blocks", list(blocks.named_children()))],
+                                        disk_folder=tmp_path, disk_tag="rss")
+        remove = lambda: offload.remove_group_offload(h)  # noqa: E731
+    else:
+        h = device_dispatch.dispatch_device_map(model, {f"blocks.{i}": "disk" for i in range(48)}, str(tmp_path),
+                                                main_device="cpu")
+        remove = h.remove
+    x = torch.randn(2, 1024)
+    with torch.no_grad():
+        for b in blocks:
+            x = b(x)  # every weight read through the mapping once, as in sampling
+    grown = _restore_growth(remove, before)
+    print(f"{placement} from disk, removal: RSS peak {grown / 2**20:.0f} MiB above the model as loaded, for {size / 2**20:.0f} MiB of weights")
+    assert all(torch.equal(p, r) for p, r in zip(blocks.parameters(), ref))
+    assert grown < 0.5 * size, f"RSS rose {grown / 2**20:.0f} MiB above the model as loaded, restoring {size / 2**20:.0f} MiB"
+    assert os.listdir(tmp_path) == []

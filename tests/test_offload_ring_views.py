@@ -10,9 +10,14 @@ never a region a later group overwrites. On the CPU the ring runs the same sched
 """
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+# plain torch modules and the technique layer: no ComfyUI code runs (checked once, on the newest core)
+pytestmark = pytest.mark.core_independent
 
 
 class _Block(nn.Module):

@@ -10,6 +10,10 @@ import pytest
 import torch
 
 
+# torch storages only: no ComfyUI code runs (checked once, on the newest core)
+pytestmark = pytest.mark.core_independent
+
+
 @pytest.fixture(scope="module")
 def pm(comfy):
     from comfyui_memorykit.memorykit import peak_memory

@@ -1,6 +1,6 @@
 """Quantized checkpoints (Comfy-Org's ``*_fp8_scaled``: legacy ``scaled_fp8`` and per-layer
 ``comfy_quant`` "mixed", e4m3 and e5m2) loaded by core's Load Diffusion Model, through Group
-Offload, FP8 Layerwise Cast and LoRA, in-process on CPU.
+Offload, Balanced Device Map, FP8 Layerwise Cast and LoRA, in-process on CPU.
 
 ComfyUI 0.33 loads them as core's ``QuantizedTensor`` layers: the placements stream / place the
 stored bytes (fp8 data + scales, :mod:`memorykit.stored_parts`) and the output equals the plain
@@ -16,6 +16,17 @@ import torch
 
 from harness import quant_models
 
+
+
+def both_tiers(dm) -> str:
+    """A Device Map ``max_memory`` whose cpu budget holds about half of the blocks (as the plan
+    counts them: quantized layers at full precision): the rest goes to disk."""
+    from comfyui_memorykit.memorykit import comfy_integration as ci
+
+    def size(x):
+        return sum(t.numel() * t.element_size() for t in list(x.parameters()) + list(x.buffers()))
+    blocks = [qn for _, items in ci.comfy_block_lists(dm) for qn, _ in items]
+    return f"cpu={size(dm) - sum(size(dm.get_submodule(b)) for b in blocks) // 2}, disk"
 
 
 def _is_033() -> bool:
@@ -118,6 +129,46 @@ def test_stored_parts_decompose_and_rebuild_core_quantized_tensors(quant):
     assert torch.equal(r.dequantize(), w.dequantize())
 
 
+def test_weight_parts_decompose_into_several_parts_and_back(quant):
+    """The one decomposition rule (what the device map hands accelerate) on a core quantized layer:
+    its weight becomes plain Parameters of the stored parts, the layer computes bit for bit as
+    before, restore brings back the same state; a weight of an unknown kind after it raises and
+    leaves the whole layer as it was."""
+    from comfyui_memorykit.memorykit import stored_parts, weight_parts
+    if not _is_033():
+        pytest.skip("ComfyUI 0.3.75 loads fp8_scaled files as plain float8 tensors (nothing to decompose)")
+    m, _ = quant("mixed")
+    layer = next(x for x in m.model.diffusion_model.modules()
+                 if x._parameters.get("weight") is not None and not stored_parts.is_plain(x._parameters["weight"])
+                 and x._parameters["weight"].dim() == 2)
+    snap, nbytes = snapshot(layer), stored_bytes(layer)
+    x = torch.randn(2, layer.weight.shape[1], generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref = layer(x)
+        parts = weight_parts.decompose(layer, several=True)
+        try:
+            assert parts and all(stored_parts.is_plain(t) for t in layer.parameters())
+            assert sum(t.numel() * t.element_size() for t in layer.parameters()) == nbytes
+            assert layer.weight.device.type == "meta" and torch.equal(layer(x), ref)
+        finally:
+            parts.restore()
+    assert_restored(layer, snap)
+    assert "forward" not in layer.__dict__
+
+    class Unknown(torch.Tensor):
+        pass
+    odd = torch.zeros(1).as_subclass(Unknown)
+    layer._parameters["zz_unknown"] = odd
+    try:
+        with pytest.raises(stored_parts.UnsupportedWeight), torch.inference_mode():
+            weight_parts.decompose(layer, several=True)
+        assert layer._parameters["zz_unknown"] is odd
+    finally:
+        del layer._parameters["zz_unknown"]
+    assert_restored(layer, snap)
+    assert "forward" not in layer.__dict__ and "weight" not in layer.__dict__
+
+
 @pytest.mark.parametrize("layout,offload_type", [("legacy", "block_level"), ("mixed", "leaf_level")])
 def test_group_offload_from_disk_streams_the_stored_bytes(quant, layout, offload_type, tmp_path):
     from comfyui_memorykit.memorykit import comfy_integration as ci
@@ -170,6 +221,34 @@ def test_group_offload_event_ring_from_ram(quant):
     assert_restored(dm, snap)
 
 
+@pytest.mark.parametrize("layout", ["legacy", "mixed"])
+def test_device_map_with_disk_places_the_stored_bytes(quant, layout, tmp_path):
+    """Balanced Device Map (cpu + disk): what it writes to disk is the stored bytes of the layers
+    mapped there (fp8 data and scales, not a copy widened to full precision); bit-exact; restored."""
+    from comfyui_memorykit.memorykit.comfy_integration import placement
+    from comfyui_memorykit.nodes.device_map import BalancedDeviceMap
+    m, ref = quant(layout)
+    dm = m.model.diffusion_model
+    snap = snapshot(dm)
+    clone = BalancedDeviceMap.execute(m, "sequential", both_tiers(dm), str(tmp_path), "").result[0]
+    dmap = clone.get_attachment(placement.DEVICE_MAP_ATTACHMENT).device_map
+    on = {d: sum(stored_bytes(dm.get_submodule(k)) if k else 0 for k, v in dmap.items() if v == d) for d in ("cpu", "disk")}
+    full = sum(t.numel() * t.element_size() for k, v in dmap.items() if v == "disk" and k
+               for t in dm.get_submodule(k).parameters())  # the disk entries at full precision
+    assert on["cpu"] > 0 and on["disk"] > 0, dmap
+    out = sample(clone)
+    written = placement.applied(m.model).handle.disk_bytes
+    print(f"[figures] device map {layout}: max abs diff {(out - ref).abs().max().item()}, disk written {written} B "
+          f"= stored {on['disk']} B (full precision {full} B; cpu stored {on['cpu']} B; whole model stored {stored_bytes(dm)} B)")
+    assert torch.equal(out, ref)
+    assert written == on["disk"]
+    assert len(os.listdir(tmp_path)) == 1
+    unload()
+    assert os.listdir(tmp_path) == []
+    assert_restored(dm, snap)
+    assert torch.equal(sample(m), ref)
+
+
 def quantized_parts(module) -> dict:
     """name → stored parts of every quantized weight (0.33) / float8 weight (0.3.75)."""
     from comfyui_memorykit.memorykit import stored_parts
@@ -216,20 +295,28 @@ def _lora(m):
         return nodes.LoraLoaderModelOnly().load_lora_model_only(m, loras.LORA_NAME, 1.0)[0]
 
 
-@pytest.mark.parametrize("node", ["group_offload"])  # Balanced Device Map: not yet landed for quantized models
+_WITH_LORA: dict = {}
+
+
+@pytest.mark.parametrize("node", ["group_offload", "device_map"])
 def test_lora_before_and_after_a_placement_equals_the_quantized_model_with_lora(quant, node, tmp_path):
-    """Core's LoraLoader on the fp8_scaled model, before and after Group Offload:
+    """Core's LoraLoader on the fp8_scaled model, before and after Group Offload / Device Map:
     equal to the plain fp8_scaled model with the same LoRA (core patches its quantized weights)."""
     from comfyui_memorykit.memorykit import comfy_integration as ci
     from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
+    from comfyui_memorykit.nodes.device_map import BalancedDeviceMap
     m, ref = quant("legacy")
 
     def place(x):
+        if node == "device_map":
+            return BalancedDeviceMap.execute(x, "sequential", both_tiers(m.model.diffusion_model), str(tmp_path),
+                                             "").result[0]
         s = ci.GroupOffloadSettings(GroupOffloadOptions(offload_to="disk"), vram_budget_bytes=8 << 20,
                                     disk_folder=str(tmp_path))
         return ci.prepare_group_offload(x, s)[0]
 
-    with_lora = sample(_lora(m))
+    key = id(m)  # the plain model with the LoRA: once for both nodes
+    with_lora = _WITH_LORA[key] if key in _WITH_LORA else _WITH_LORA.setdefault(key, sample(_lora(m)))
     assert not torch.equal(with_lora, ref)
     assert torch.equal(sample(place(_lora(m))), with_lora)
     assert torch.equal(sample(_lora(place(m))), with_lora)

@@ -276,6 +276,21 @@ def test_text_encoder_on_cpu_device(comfy, fixture_models):
     assert clip.patcher.load_device == torch.device("cpu") and info["shards"] == 3
 
 
+def test_unsharded_hugging_face_text_encoder_folder_equals_load_clip(comfy, tmp_path, fixture_models):
+    """A text_encoder/ folder as Hugging Face ships SD1.5's (model.safetensors, no index) loads
+    through the Sharded Text Encoder Loader to the weights core's Load CLIP gives for that file."""
+    import comfy.sd
+    from comfyui_memorykit.memorykit import comfy_integration as ci
+    folder = tmp_path / "stable-diffusion-v1-5" / "text_encoder"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").symlink_to(fixture_models["sd15_clip_l"])
+    ours, info = ci.load_sharded_text_encoder(folder, "stable_diffusion", "default", progress=lambda d, t: None)
+    ref = comfy.sd.load_clip([str(fixture_models["sd15_clip_l"])], clip_type=comfy.sd.CLIPType.STABLE_DIFFUSION)
+    assert info["shards"] == 1
+    a, b = ours.cond_stage_model.state_dict(), ref.cond_stage_model.state_dict()
+    assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in b)
+
+
 def test_corrupted_shard_builds_no_model(comfy, tmp_path, fixture_models):
     """The ComfyUI path validates every shard before reading one: no progress, no model."""
     from comfyui_memorykit.memorykit import comfy_integration as ci, sharded

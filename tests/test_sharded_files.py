@@ -176,8 +176,24 @@ def test_empty_folder(tmp_path):
 def test_folder_without_index(tmp_path):
     folder = tmp_path / "noindex"
     folder.mkdir()
-    save_file({"a": torch.ones(2)}, str(folder / "model.safetensors"))
-    _raises(folder, "no '*.safetensors.index.json'", "model.safetensors")
+    save_file({"a": torch.ones(2)}, str(folder / "weights.safetensors"))
+    _raises(folder, "no '*.safetensors.index.json'", "weights.safetensors")
+
+
+def test_unsharded_hugging_face_folder_is_one_shard(tmp_path):
+    """A Hugging Face repository's text_encoder/ as downloaded (model.safetensors, no index; its
+    fp16 variant beside it) is listed as a folder and loads as one shard, the same tensors."""
+    sd = _state_dict()
+    folder = tmp_path / "sd15" / "text_encoder"
+    folder.mkdir(parents=True)
+    save_file(sd, str(folder / "model.safetensors"))
+    save_file({k: v.half() for k, v in sd.items()}, str(folder / "model.fp16.safetensors"))
+    assert sharded.list_sharded(tmp_path) == ["sd15/text_encoder"]
+    index = sharded.read_index(folder)
+    assert [s.name for s in index.shards] == ["model.safetensors"] and set(index.weight_map) == set(sd)
+    assert index.nbytes == sum(t.numel() * t.element_size() for t in sd.values())
+    got, _ = sharded.load_state_dict(index)
+    assert set(got) == set(sd) and all(torch.equal(got[k], sd[k]) for k in sd)
 
 
 def test_two_indexes_in_one_folder(ckpt):

@@ -22,7 +22,7 @@ import os
 
 import pytest
 import torch
-from harness import paths, te_zoo
+from harness import paths, te_formats, te_zoo
 
 FP8_MAX_REL = 0.08  # relative L2 error of the conditioning; measured 0.01-0.04 on the zoo (docs/text-encoders.md)
 _FIGURES: dict[str, dict[str, str]] = {}
@@ -185,8 +185,7 @@ def teardown_module(module):
 def test_quantized_tensor_text_encoder(comfy, ci, tmp_path):
     """An fp8_scaled text encoder on a core with ``QuantizedTensor`` layers (what core builds from
     such a file): Text Encoder Device places it as it is (exact); Group Offload (Text Encoder)
-    streams its stored bytes exactly where this pack decomposes quantized weights, else refuses it
-    with a message naming the weights, and FP8 Layerwise Cast (Text Encoder) casts
+    streams its stored bytes (exact), and FP8 Layerwise Cast (Text Encoder) casts
     only the plain layers (the quantized one is kept, never quantised twice)."""
     from comfyui_memorykit.memorykit import fp8 as mkfp8
     from comfyui_memorykit.memorykit.comfy_integration import compat
@@ -205,18 +204,9 @@ def test_quantized_tensor_text_encoder(comfy, ci, tmp_path):
     out = te_zoo.encode(placed)
     assert torch.equal(out["cond"], ref["cond"])
     s_ = ci.GroupOffloadSettings(GroupOffloadOptions(offload_to="disk"), disk_folder=str(tmp_path))
-    try:
-        from comfyui_memorykit.memorykit import weight_parts
-        streams_quantized = hasattr(weight_parts, "is_quantized")
-    except ImportError:
-        streams_quantized = False
-    if not streams_quantized:  # this pack's ring streams plain tensors only: refused, naming the weights
-        with pytest.raises(ValueError, match="QuantizedTensor|cannot stream"):
-            ci.text_encoder_group_offload(clip, s_)
-    else:  # the stored float8 bytes and scales stream: exact
-        offloaded, _ = ci.text_encoder_group_offload(clip, s_)
-        assert torch.equal(te_zoo.encode(offloaded)["cond"], ref["cond"])
-        mm_unload()
+    offloaded, _ = ci.text_encoder_group_offload(clip, s_)  # the stored float8 bytes and scale stream: exact
+    assert torch.equal(te_zoo.encode(offloaded)["cond"], ref["cond"])
+    mm_unload()
     cast, info = ci.text_encoder_fp8(clip)
     done = cast.patcher.get_attachment(ci.FP8_ATTACHMENT)["cast"]
     assert info["cast_layers"] > 0 and not any(n.endswith("layers.0.mlp.up_proj") for n in done)
@@ -227,3 +217,162 @@ def test_quantized_tensor_text_encoder(comfy, ci, tmp_path):
 def mm_unload() -> None:
     import comfy.model_management as mm
     mm.unload_all_models()
+
+
+# -- Formats users download: fp8_scaled (core's QuantizedTensor / 0.3.75's scaled-fp8 ops) and GGUF ----------
+
+class FormatEncoder:
+    """A zoo encoder loaded from a file of ``fmt`` (:mod:`harness.te_formats`), its plain
+    conditioning and its stored weights (type, GGUF type, stored bytes) as loaded."""
+
+    def __init__(self, name: str, fmt: str):
+        self.name, self.fmt = name, fmt
+        self.clip = te_formats.build(name, fmt)
+        self.csm = self.clip.cond_stage_model
+        self.reference = te_zoo.encode(self.clip)
+        assert torch.isfinite(self.reference["cond"]).all() and self.reference["cond"].std() > 0
+        self.snapshot = {n: self._stored(p) for n, p in self.csm.named_parameters()}
+        self.classes = {n: type(m) for n, m in self.csm.named_modules()}
+
+    @staticmethod
+    def _stored(p):
+        from comfyui_memorykit.memorykit import stored_parts
+        return (type(p).__name__, str(getattr(p, "tensor_type", "")),
+                [x.detach().as_subclass(torch.Tensor).clone() for x in stored_parts.parts(p)])
+
+    def stored_bytes(self) -> int:
+        from comfyui_memorykit.memorykit import stored_parts
+        return sum(stored_parts.stored_nbytes(p) for p in self.csm.parameters())
+
+    def assert_restored(self) -> None:
+        import comfy.model_management as mm
+        mm.unload_all_models()
+        for n, p in self.csm.named_parameters():
+            kind, gtype, parts = self.snapshot[n]
+            now = self._stored(p)
+            assert now[:2] == (kind, gtype), n
+            assert all(a.device.type == "cpu" and torch.equal(a, b) for a, b in zip(now[2], parts)), n
+        for n, m in self.csm.named_modules():
+            assert type(m) is self.classes[n] and "_memorykit_weight_parts" not in m.__dict__, n
+            assert not m._forward_pre_hooks and not m._forward_hooks, n
+
+    def exact(self, case: str, out: dict) -> None:
+        same = torch.equal(out["cond"], self.reference["cond"])
+        _record_format(self, case, "exact" if same else
+                       f"max abs {float((out['cond'].float() - self.reference['cond'].float()).abs().max()):.3g}")
+        assert same, f"{self.name} {self.fmt} {case}: the conditioning differs from the plain loaded encoder's"
+
+
+def _record_format(e: FormatEncoder, case: str, text: str) -> None:
+    _FIGURES.setdefault(f"{e.name} [{e.fmt}]", {})[case] = text
+
+
+@pytest.fixture(scope="module", params=te_formats.CASES,
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def fenc(request, comfy):
+    name, fmt = request.param
+    reason = te_zoo.available(name) or te_formats.unavailable(fmt)
+    if reason:
+        pytest.skip(reason)
+    e = FormatEncoder(name, fmt)
+    yield e
+    mm_unload()
+
+
+def test_format_device_is_exact(fenc, ci):
+    placed, _ = ci.text_encoder_device(fenc.clip, "cpu")
+    assert type(placed.clone().patcher) is type(placed.patcher), "a clone (a LoRA loader after it) keeps the device"
+    mm_unload()  # loaded by the node's own patcher, as the first prompt after the loader does
+    fenc.exact("device cpu", te_zoo.encode(placed))
+    fenc.assert_restored()
+
+
+def test_format_group_offload_disk_streams_the_stored_bytes(fenc, ci, tmp_path):
+    from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
+    kind = "leaf_level" if fenc.fmt == "gguf_q4_k" else "block_level"
+    s = ci.GroupOffloadSettings(GroupOffloadOptions(offload_type=kind, offload_to="disk"), disk_folder=str(tmp_path))
+    out_clip, info = ci.text_encoder_group_offload(fenc.clip, s)
+    from comfyui_memorykit.memorykit import offload_plan
+    streamed = info["streamed_bytes_per_prompt"]
+    stored = fenc.stored_bytes()
+    blocks = [b for _, r in ci.encoder_roots(fenc.csm) for _, bl in ci.encoder_block_lists(r) for _, b in bl]
+    in_blocks = offload_plan.tensor_bytes(offload_plan.module_tensors(torch.nn.ModuleList(blocks)))
+    # what streams is the stored bytes of the blocks (leaf_level: of their layers; norms stay), never a dequantised copy
+    assert (streamed == in_blocks) if kind == "block_level" else (0.9 * in_blocks < streamed < in_blocks)
+    out = te_zoo.encode(out_clip)
+    st = ci.offload_patcher._offload_state(fenc.csm)
+    subclasses = any(kind != "Parameter" for kind, _, _ in fenc.snapshot.values())  # 0.3.75's fp8: plain float8
+    assert st is not None and any("streamed as stored" in n for n in st.notes) == subclasses, st and st.notes
+    copied = sum(h.ring.figures()["streamed_bytes"] for h in st.handles if h.ring is not None)
+    assert copied >= streamed, (copied, streamed)
+    fenc.exact(f"offload disk {kind}", out)
+    _record_format(fenc, "streamed/prompt", f"{streamed} (the blocks' stored bytes) of {stored} stored bytes")
+    fenc.assert_restored()
+    assert not list(tmp_path.iterdir()), "the offload folder is left behind"
+
+
+def test_format_ram_event_ring_is_exact(fenc, ci):
+    """The RAM target's event ring (what a GPU streams from; on the CPU its copies are memcpys)
+    on the encoder's stored weights, GGUF ones decomposed as the node's patcher does."""
+    if fenc.name != "qwen3_4b" or fenc.fmt == "gguf_f16":
+        pytest.skip("runs on qwen3_4b fp8_scaled_mixed and gguf_q4_k only (suite time; the disk case streams all)")
+    from comfyui_memorykit.memorykit import offload, weight_parts
+    from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
+    te_zoo.encode(fenc.clip)  # loaded by ComfyUI as for a prompt; the ring goes on the loaded encoder
+    tokens = fenc.clip.tokenize(te_zoo.PROMPT)
+    ((_, root),) = ci.encoder_roots(fenc.csm)
+    parts = weight_parts.decompose(root)
+    h = offload.apply_group_offload(root, "cpu", "cpu", options=GroupOffloadOptions(offload_to="cpu"),
+                                    budget_bytes=0, block_lists=ci.encoder_block_lists(root))
+    try:
+        with torch.no_grad():
+            cond = fenc.csm.encode_token_weights(tokens)[0]
+        assert h.ring.figures()["streamed_bytes"] >= h.plan.streamed_bytes > 0
+    finally:
+        offload.remove_group_offload(h)
+        parts.restore()
+    fenc.exact("offload ram ring", {"cond": cond})
+    fenc.assert_restored()
+
+
+def test_format_fp8_leaves_stored_layers(fenc, ci):
+    """FP8 Layerwise Cast (Text Encoder): a GGUF encoder passes through unchanged, saying why; an
+    fp8_scaled encoder's quantized layers kept as stored (the encoder passes through unchanged when
+    nothing else is left to cast)."""
+    cast, info = ci.text_encoder_fp8(fenc.clip)
+    if info.get("passed_through"):
+        # GGUF; fp8_scaled legacy: every block Linear is fp8; mixed (0.33): its bf16 layers are core's mixed-precision layers too
+        assert cast is fenc.clip and info["cast_layers"] == 0
+        want = "'clip' comes from a GGUF file" if fenc.fmt.startswith("gguf") else "'clip' is already stored quantized"
+        assert want in info["passed_through"] and "passed through unchanged" in ci.format_text_encoder_info("fp8", info)
+        _record_format(fenc, "fp8", "passed through unchanged: already quantized (said so)")
+        fenc.assert_restored()
+        return
+    assert info["stored_quantized"] > 0 and "left as stored" in ci.format_text_encoder_info("fp8", info)
+    done = cast.patcher.get_attachment(ci.FP8_ATTACHMENT)["cast"]
+    quantized = {n for n, m in fenc.csm.named_modules() if type(getattr(m, "weight", None)).__name__ == "QuantizedTensor"}
+    assert quantized and not quantized & set(done), "a layer stored quantized was quantized again"
+    got, ref = te_zoo.encode(cast)["cond"].float(), fenc.reference["cond"].float()
+    rel = float((got - ref).norm() / ref.norm())
+    _record_format(fenc, "fp8", f"{len(done)} bf16 layers cast, {info['stored_quantized']} kept; rel L2 {rel:.4f}")
+    assert rel < FP8_MAX_REL
+    fenc.assert_restored()
+
+
+def test_format_memory_plan_counts_stored_bytes(fenc, ci):
+    """Memory Plan (whole workflow) sizes the text encoder at the bytes it stores and offers no
+    fp8 for one that is already quantized (every Linear of these files is stored quantized, or
+    left in bf16 by the file's own per-layer format, which FP8 Layerwise Cast leaves as stored;
+    a GGUF file's F16 Linears are GGUF's: FP8 passes the encoder through)."""
+    from comfyui_memorykit.memorykit import memory_plan as mp
+    from comfyui_memorykit.memorykit import memory_plan_workflow as wf
+    from comfyui_memorykit.memorykit.comfy_integration import (
+        memory_plan_workflow_io as wio,
+    )
+    f = wio.clip_figures(fenc.clip)
+    assert sum(f.block_bytes) + f.other_bytes == fenc.stored_bytes()
+    assert f.fp8_block_bytes is None, "fp8 offered for a text encoder stored quantized"
+    plan = wf.plan_workflow(mp.Machine(vram_bytes=8 << 30, ram_bytes=1 << 35, disk_bytes=1 << 36),
+                            [wf.Component("text encoder", "text encoder", f)])
+    assert not plan.decisions[0].pick.fp8
+    _record_format(fenc, "memory plan", f"{sum(f.block_bytes) + f.other_bytes} stored bytes, no fp8")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness import paths
+
 pytestmark = pytest.mark.usefixtures("comfy")
 
 
@@ -63,13 +65,25 @@ def opts(ci, tile, overlap, **kw):
 
 # -- accuracy side by side with core -------------------------------------------------------------
 
+def _sd_on_one_core(which: str) -> None:
+    """The SD VAE case runs once, on the newest core: its 2D decoder/encoder and core's three tiled
+    passes compute the same on 0.3.75 and 0.33 (0.33 changed the 3D causal carry and tiled_scale's
+    buffers only; both give core 0.4439, ours 0.0611 on the decode). Wan's 3D VAE changed: both."""
+    if which == "sd" and not paths.one_version_only():
+        pytest.skip("2D SD VAE: the same computation on both tested cores; runs once, on 0.33 (suite time)")
+
+
 @pytest.mark.parametrize("which", ["sd", "wan"])
 def test_decode_error_is_under_a_quarter_of_core(which, request, ci):
+    _sd_on_one_core(which)
     import nodes
     vae = request.getfixturevalue(f"{which}_vae")
-    # Sizes not multiples of the tile; core's node keeps the overlap when tile >= 4 × overlap.
-    z, tile, overlap = ((smooth_latent(4, (40, 44), 1), 192, 48) if which == "sd"
-                        else (smooth_latent(16, (3, 24, 28), 1), 128, 32))
+    # Sizes not multiples of the tile; core's node keeps the overlap when tile >= 4 × overlap. The
+    # smallest inputs with 2 × 2 tiles at tile = 4 × overlap (core's 3 passes: 5-7 tiles each) make
+    # the ratio the same question as on larger ones: sd 40×44 at 192/48 took 137 s in CI; at
+    # 24×28, 128/32 ours is 0.14 of core (wan 3×16×20 at 96/24: 0.12; both cores alike).
+    z, tile, overlap = ((smooth_latent(4, (24, 28), 1), 128, 32) if which == "sd"
+                        else (smooth_latent(16, (3, 16, 20), 1), 96, 24))
     with torch.inference_mode():
         ref = vae.decode(z)
         ref = ref.reshape((-1,) + tuple(ref.shape[-3:]))
@@ -85,9 +99,12 @@ def test_decode_error_is_under_a_quarter_of_core(which, request, ci):
 
 @pytest.mark.parametrize("which", ["sd", "wan"])
 def test_encode_error_is_under_a_quarter_of_core(which, request, ci):
+    _sd_on_one_core(which)
     import nodes
     vae = request.getfixturevalue(f"{which}_vae")
-    img, tile, overlap = ((test_image(1, 320, 352, 2), 192, 48) if which == "sd" else (test_image(9, 192, 224, 2), 128, 32))
+    # the decode test's sizes in pixels (sd 320×352 at 192/48 took 68 s in CI): ours 0.11 of core
+    # (wan, 9 frames: 0.12)
+    img, tile, overlap = ((test_image(1, 192, 224, 2), 128, 32) if which == "sd" else (test_image(9, 128, 160, 2), 96, 24))
     with torch.inference_mode():
         ref = vae.encode(img)
         core = nodes.VAEEncodeTiled().encode(vae, img, tile, overlap, 64, 8)[0]["samples"]
@@ -208,7 +225,9 @@ def test_a_budget_fitted_tile_peaks_within_the_budget(sd_vae, ci):
     from comfyui_memorykit.memorykit.peak_memory import LiveTensorBytes
     model = sd_vae.first_stage_model
     first = model.post_quant_conv if getattr(model, "post_quant_conv", None) is not None else model.decoder
-    z = smooth_latent(4, (40, 48), 11)
+    # the tile is fitted to the budget whatever the image size: an image of a few budget tiles is
+    # enough (40×48 took 48 s in CI)
+    z = smooth_latent(4, (24, 32), 11)
     budget_gb = 0.04
     peaks, base = [], []
     with torch.inference_mode(), LiveTensorBytes("cpu") as meter:
@@ -222,10 +241,10 @@ def test_a_budget_fitted_tile_peaks_within_the_budget(sd_vae, ci):
     tiles = peaks[-info["tiles_per_item"]:]
     print(f"\nbudget {budget_gb * 2 ** 30 / 2 ** 20:.1f} MiB, tile {info['tile_px']} px, estimate "
           f"{info['tile_bytes_estimate'] / 2 ** 20:.1f} MiB, real tile peaks {max(tiles) / 2 ** 20:.1f} MiB max")
-    assert info["cost_source"] == "measured" and info["tiles_per_item"] > 1 and max(info["tile_px"]) < 384
+    assert info["cost_source"] == "measured" and info["tiles_per_item"] > 1 and max(info["tile_px"]) < 256
     assert info["shared_norm_stats"]
     assert max(tiles) <= info["memory_budget_bytes"]
-    assert out.shape == (1, 320, 384, 3)
+    assert out.shape == (1, 192, 256, 3)
 
 
 def test_progress_bar_counts_every_pass(sd_vae, ci):

@@ -9,6 +9,10 @@ import torch
 from torch import nn
 
 
+# plain torch modules and the technique layer: no ComfyUI code runs (checked once, on the newest core)
+pytestmark = pytest.mark.core_independent
+
+
 @pytest.fixture(scope="module")
 def mk(comfy):
     from comfyui_memorykit.memorykit import (

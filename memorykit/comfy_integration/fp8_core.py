@@ -9,7 +9,7 @@ re-quantisation with ``want_requant``, ``linear_input_act``'s shortcut, saving) 
 as its own. The layer class is core's with :class:`CoreFp8Lora` in front, which only changes
 what a LoRA does (see there). Core's float8 layouts carry one scale per tensor and core builds
 no quantized Conv layers: per-output-channel scaling and Conv layers keep MemoryKit's own cast
-layers (``fp8_patcher._Fp8CastOp``).
+layers (``fp8_layers._Fp8CastOp``).
 
 LoRA (``lora_mode``):
 

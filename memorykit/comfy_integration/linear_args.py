@@ -14,7 +14,7 @@ the result is ``residual + residual_scale · linear(act(x))``):
 - ``residual`` / ``residual_scale``: ``residual + residual_scale · out`` (``addcmul``); without
   ``residual_scale`` the plain sum (as comfy-kitchen's fused epilogue).
 
-The pack's layers (:class:`..fp8_patcher._Fp8CastOp`, :class:`..fp8_core.CoreFp8Lora`) set
+The pack's layers (:class:`..fp8_layers._Fp8CastOp`, :class:`..fp8_core.CoreFp8Lora`) set
 ``comfy_force_forward`` so core's fused shortcuts call their forward instead of reading their
 weight, and take exactly these arguments: any other raises TypeError (a dropped activation or
 residual would give a wrong image silently). Where the running core has ``_eager_input_act`` /

@@ -12,6 +12,8 @@ from .. import memory_plan as mp
 from .. import memory_plan_workflow as wf
 from . import memory_plan_io as io
 from . import placement
+from .fp8_patcher import FP8_ATTACHMENT
+from .gguf_weights import gguf_counts, is_gguf_patcher
 
 
 def clip_figures(clip) -> mp.ModelFigures:
@@ -20,7 +22,9 @@ def clip_figures(clip) -> mp.ModelFigures:
     :func:`memorykit.memory_plan_workflow.encoder_figures`)."""
     model = clip.cond_stage_model
     dtype = next((str(p.dtype).replace("torch.", "") for p in model.parameters() if p.is_floating_point()), "unknown")
-    return wf.encoder_figures(model, type(model).__name__, dtype)
+    # no fp8 for a text encoder already through FP8 Layerwise Cast or from a GGUF file (already quantized)
+    fp8 = clip.patcher.get_attachment(FP8_ATTACHMENT) is None and not (gguf_counts(model) or is_gguf_patcher(clip.patcher))
+    return wf.encoder_figures(model, type(model).__name__, dtype, fp8=fp8)
 
 
 def vae_figures(vae) -> mp.ModelFigures:

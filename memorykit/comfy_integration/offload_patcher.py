@@ -343,6 +343,14 @@ def group_offload_ui(label: str, info: dict) -> dict:
             "text": ["\n".join([report.format_report(rep)] + offload_summary(info))]}
 
 
+def _steps(args) -> int | None:
+    """Sampling steps of an OUTER_SAMPLE call (``noise, latent_image, sampler, sigmas, ...``):
+    one fewer than the sigmas; None when the call is not shaped so."""
+    sigmas = args[3] if len(args) > 3 else None
+    n = getattr(sigmas, "shape", None)
+    return int(n[-1]) - 1 if n is not None and len(n) >= 1 and n[-1] > 1 else None
+
+
 def _group_offload_outer_sample(executor, *args, **kwargs):
     """OUTER_SAMPLE wrapper: time the run, undo the offload after an error or interrupt (so the
     next run starts from the unmodified model), report the run to the node."""
@@ -370,7 +378,8 @@ def _group_offload_outer_sample(executor, *args, **kwargs):
         else:
             moved = forwards * (st.handle.plan.streamed_bytes if st.device != st.offload_device or st.handle.disk_dir
                                 else 0)
-        st.last_run = {"forwards": forwards, "seconds": time.perf_counter() - t0, "bytes_moved": moved,
+        st.last_run = {"forwards": forwards, "steps": _steps(args), "seconds": time.perf_counter() - t0,
+                       "bytes_moved": moved,
                        "peak_vram_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None}
         node_id = st.settings.node_id
         if node_id is not None:

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import fp8, offload, offload_plan
+from .. import fp8, offload, offload_plan, weight_parts
 from . import compat, fp8_core, fp8_patcher, placement
 from .cleanup import default_disk_folder, usable_disk_folder
 from .compat import OPTED_OUT_NOTE, is_dynamic, opt_out_of_dynamic_vram
+from .gguf_weights import placement_class
 from .model_view import own_module
 from .offload_patcher import (
     _STORE,
@@ -32,6 +33,12 @@ from .offload_patcher import (
     GroupOffloadModelPatcher,
     GroupOffloadSettings,
     _OffloadState,
+)
+from .text_encoder_formats import (
+    gguf_class,
+    gguf_clip_description,
+    stored_notes,
+    streamable_weights,
 )
 
 TE_DEVICE_KEY = "memorykit_text_encoder_device"
@@ -74,36 +81,13 @@ def encoder_block_lists(encoder: torch.nn.Module) -> offload_plan.BlockLists:
     return lists
 
 
-def _streamable_weights(patcher, node: str, options) -> None:
-    """Refuse weights the event ring cannot stream here, naming the first one: where this pack
-    has ``memorykit.weight_parts`` the ring streams the stored bytes of quantized weights
-    (core's QuantizedTensor of an fp8_scaled file) with the memorykit scheduler; otherwise
-    only plain tensors stream."""
-    try:
-        from .. import weight_parts
-    except ImportError:
-        weight_parts = None
-    ring_streams = getattr(weight_parts, "is_quantized", None)  # the ring itself streams quantized weights
-    for name, t in list(patcher.model.named_parameters()) + list(patcher.model.named_buffers()):
-        if type(t.data) is torch.Tensor:
-            continue
-        if ring_streams is not None and ring_streams(t):
-            if not options.event_ring:
-                raise ValueError(f"{node}: scheduler 'diffusers' streams plain tensors only and this text encoder "
-                                 f"holds quantized weights ({name}); choose scheduler 'memorykit'.")
-            continue
-        raise ValueError(f"{node}: this text encoder holds {type(t.data).__name__} weights ({name}), which "
-                         "MemoryKit cannot stream yet. Load the text encoder unquantised (bf16/fp16 file), or "
-                         "use Text Encoder Device / FP8 Layerwise Cast (Text Encoder) without Group Offload.")
-
-
 # -- Group Offload ---------------------------------------------------------------------------------
 
 class _TextEncoderOffloadState(_OffloadState):
     """The offload of every encoder of a CLIP: ``handle`` is the first, ``more`` the rest."""
 
-    def __init__(self, handles, settings, patches_uuid, device, offload_device, backup):
-        super().__init__(handles[0], settings, patches_uuid, device, offload_device, backup)
+    def __init__(self, handles, settings, patches_uuid, device, offload_device, backup, parts=None):
+        super().__init__(handles[0], settings, patches_uuid, device, offload_device, backup, parts)
         self.more = list(handles[1:])
 
     @property
@@ -114,7 +98,7 @@ class _TextEncoderOffloadState(_OffloadState):
         for h in self.more:
             offload.remove_group_offload(h)
         self.more = []
-        super().undo(base_model)
+        super().undo(base_model)  # GGUF weights recomposed (parts) after every ring is removed
 
 
 class TextEncoderOffloadModelPatcher(GroupOffloadModelPatcher):
@@ -129,6 +113,7 @@ class TextEncoderOffloadModelPatcher(GroupOffloadModelPatcher):
             if id(t) not in root_ids:
                 t.data = t.data.to(device_to)
         opts, notes, budget = self._run_options(device_to, s, extra_memory)
+        parts = weight_parts.decompose(self.model)  # GGUF weights: their raw bytes stream, rebuilt at forward
         handles = []
         try:
             for name, root in roots:
@@ -145,9 +130,10 @@ class TextEncoderOffloadModelPatcher(GroupOffloadModelPatcher):
         except BaseException:
             for h in handles:
                 offload.remove_group_offload(h)
+            parts.restore()
             raise
-        st = _TextEncoderOffloadState(handles, s, self.patches_uuid, device_to, self.offload_device, self.backup)
-        st.notes += notes
+        st = _TextEncoderOffloadState(handles, s, self.patches_uuid, device_to, self.offload_device, self.backup, parts)
+        st.notes += notes + stored_notes(self.model, parts)
         st.counted_pinned = sum(offload.page_locked_bytes(h) for h in handles)
         compat.count_pinned(st.counted_pinned)  # core's pin budget sees the ring's page-locked host memory
         placement.install(self, st)
@@ -184,12 +170,16 @@ def text_encoder_group_offload(clip, settings: GroupOffloadSettings):
         raise ValueError(f"{node}: no encoder MemoryKit can stream in this {type(clip.cond_stage_model).__name__}")
     n = clip.clone()
     p = opt_out_of_dynamic_vram(clip.patcher, node)
-    if not _is_plain_patcher(p) and not isinstance(p, (_TextEncoderDeviceMixin, TextEncoderOffloadModelPatcher)):
+    gguf_base = gguf_class(p)
+    if (not _is_plain_patcher(p) and gguf_base is None
+            and not isinstance(p, (_TextEncoderDeviceMixin, TextEncoderOffloadModelPatcher))):
         raise ValueError(f"{node}: this CLIP is managed by {type(p).__name__} (from another custom node); load it "
-                         "with a core loader (Load CLIP, DualCLIPLoader, Load Checkpoint).")
+                         "with a core loader (Load CLIP, DualCLIPLoader, Load Checkpoint) or a GGUF CLIP loader.")
     fp8_patcher.plain_fp8_layers(p, node)
-    _streamable_weights(p, node, settings.options)
-    p.__class__ = TextEncoderOffloadModelPatcher  # keeps load_device (Text Encoder Device before this node)
+    streamable_weights(p, node, settings.options)
+    # keeps load_device (Text Encoder Device before this node); over ComfyUI-GGUF's patcher, its behaviour below ours
+    p.__class__ = (TextEncoderOffloadModelPatcher if gguf_base is None
+                   else placement_class(TextEncoderOffloadModelPatcher, gguf_base))
     p.set_attachments(GROUP_OFFLOAD_KEY, settings)
     n.patcher = p
     onload = torch.device(p.load_device)
@@ -224,7 +214,9 @@ def text_encoder_fp8(clip, storage_dtype: str = "float8_e4m3fn", scaling: str = 
     ``none`` casts every Linear. ``info`` as :func:`fp8_patcher.fp8_layerwise_cast`'s
     (``weight_bytes_before``/``after``, ``cast_layers``, ``kept_layers``). MemoryKit's cast
     layers are used on every core (a text encoder computes some layers in float32). Raises
-    ValueError for bad options, a CLIP already cast, or nothing to cast."""
+    ValueError for bad options, a CLIP already cast, or nothing to cast because of the skip patterns;
+    a CLIP whose layers are all already stored quantized (fp8_scaled, GGUF) passes through as it came,
+    ``info["passed_through"]`` saying why."""
     import comfy.model_management as cmm
     node = "FP8 Layerwise Cast (Text Encoder)"
     _check_clip(clip, node)
@@ -238,6 +230,11 @@ def text_encoder_fp8(clip, storage_dtype: str = "float8_e4m3fn", scaling: str = 
         raise ValueError(f"skip_preset must be one of {list(TE_SKIP_PRESETS)}, got {skip_preset!r}")
     if lora_mode not in fp8_core.LORA_MODES:
         raise ValueError(f"lora_mode must be one of {list(fp8_core.LORA_MODES)}, got {lora_mode!r}")
+    gguf = gguf_clip_description(clip)
+    if gguf is not None:
+        return clip, fp8_patcher.passed_through_info(
+            clip.patcher, "text_encoder", f"'clip' comes from a GGUF file ({gguf}): its layers are already stored "
+            "quantized and dequantised by the GGUF loader's own layers; casting them to float8 would quantize twice", [])
     storage = fp8.STORAGE_DTYPES[storage_dtype]
     device = clip.patcher.load_device
     if not cmm.supports_cast(device, storage):
@@ -253,6 +250,12 @@ def text_encoder_fp8(clip, storage_dtype: str = "float8_e4m3fn", scaling: str = 
         return m
 
     plan = fp8.plan_layers(p.model, patterns, get_module=original)
+    stored = plan.as_stored
+    if not plan.cast and stored:
+        return clip, fp8_patcher.passed_through_info(
+            clip.patcher, "text_encoder", f"'clip' is already stored quantized (an fp8_scaled file): its {len(stored)} "
+            "quantized layers are left as stored (never quantized twice)",
+            [{"name": k, "reason": v} for k, v in plan.kept.items()])
     if not plan.cast:
         reasons = sorted(set(plan.kept.values()))[:5]
         raise ValueError(f"{node}: no layer of this text encoder left to cast (kept for: {reasons}). Relax the skip "
@@ -269,7 +272,7 @@ def text_encoder_fp8(clip, storage_dtype: str = "float8_e4m3fn", scaling: str = 
             "skip_patterns": [q if isinstance(q, str) else q[0] for q in patterns],
             "weight_bytes_before": int(size_before), "weight_bytes_after": int(p.size),
             "cast_layers": len(plan.cast), "cast_params": int(cast_params),
-            "kept_layers": [{"name": k, "reason": v} for k, v in plan.kept.items()],
+            "kept_layers": [{"name": k, "reason": v} for k, v in plan.kept.items()], "stored_quantized": len(stored),
             "lora_mode": lora_mode, "core_layers": 0, "core_layout": "",
             "path": "path: MemoryKit cast layers (a text encoder computes in the dtype each layer receives)"}
     p.set_attachments(fp8_patcher.FP8_ATTACHMENT,
@@ -290,13 +293,22 @@ class _TextEncoderDeviceMixin:
                 and torch.device(dev) != torch.device(device_to)):
             self.unpatch_model(self.offload_device, unpatch_weights=True)
 
-    def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
+    # The arguments go on as they came: the base may be another pack's patcher with its own
+    # signature (city96's GGUFModelPatcher.load(*args, force_patch_weights=..., **kwargs)) or
+    # core's dynamic one (load(..., dirty=...)).
+    def partially_load(self, device_to, *args, **kwargs):
         self._unload_if_elsewhere(device_to)
-        return super().partially_load(device_to, extra_memory, force_patch_weights)
+        return super().partially_load(device_to, *args, **kwargs)
 
-    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
+    def load(self, device_to=None, *args, **kwargs):
         self._unload_if_elsewhere(device_to)
-        return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
+        return super().load(device_to, *args, **kwargs)
+
+    def clone(self, *args, **kwargs):
+        n = super().clone(*args, **kwargs)
+        if type(n) is not type(self) and isinstance(self, type(n)):
+            n.__class__ = type(self)  # ComfyUI-GGUF's clone makes every clone a plain GGUFModelPatcher
+        return n
 
     def detach(self, unpatch_all=True):
         # unpatch_all=False outside garbage collection: load_models_gpu hands the weights to another
@@ -375,7 +387,11 @@ def format_text_encoder_info(kind: str, info: dict) -> str:
         return (f"Text Encoder Device: computes on {info['device']} (was {info['previous_device']}); "
                 f"{gib(info['weight_bytes'])} GiB of weights wait on {info['offload_device']} between prompts")
     if kind == "fp8":
-        return fp8_patcher.format_fp8_info(info)
+        text = fp8_patcher.format_fp8_info(info)
+        if info.get("stored_quantized") and not info.get("passed_through"):
+            text += (f"\n{info['stored_quantized']} layers already quantized in the file (fp8_scaled) are left as "
+                     "stored (not quantized twice)")
+        return text
     if info.get("status") == "passthrough":
         return f"Group Offload (Text Encoder): passed through: {info['reason']}"
     lines = [f"Group Offload (Text Encoder) on {info['load_device']}: {info['status']}",

@@ -2,10 +2,12 @@
 
 The example workflows are ordinary user workflows. Two things cannot run on a CPU test
 machine as written, and are substituted here (and only here):
-- Wan's text encoder (CLIPLoader type ``wan`` → CLIPTextEncode): each such CLIPTextEncode
-  becomes ``MemoryKitTestWanTextEncode`` with the same text; the CLIPLoader is dropped. Wired
-  through Memory Plan, the plan loses its ``clip`` input and the text encoders fed by its CLIP
-  output are substituted the same way.
+- Wan's and Flux 2's text encoders (CLIPLoader type ``wan``: UMT5-XXL, 5.7 B parameters;
+  ``flux2``: Mistral Small 3, 24 B; core builds both at full size whatever the file holds): each
+  CLIPTextEncode they feed becomes ``MemoryKitTestWanTextEncode`` with the same text (context
+  4096, which the Wan and Flux 2 stand-ins take); the CLIPLoader is dropped. Wired through Memory
+  Plan, the plan loses its ``clip`` input and the text encoders fed by its CLIP output are
+  substituted the same way.
 - Output file prefixes get the workflow's name, so outputs can be told apart.
 - Balanced Device Map's ``auto`` budgets keep a model on a CPU-only machine's one device: the
   tiny model gets :data:`TINY_DEVICE_MAP` (embeddings in RAM, blocks streamed from disk), so the
@@ -40,8 +42,8 @@ def pack_node_types(name: str) -> set[str]:
 
 def covering_examples() -> list[str]:
     """The fewest example workflows (greedy set cover, ties by name) that hold between them every
-    MemoryKit node type found in any example, sorted."""
-    kinds = {name: pack_node_types(name) for name in example_names()}
+    MemoryKit node type found in any example that runs on the ComfyUI under test (:func:`unavailable`), sorted."""
+    kinds = {name: pack_node_types(name) for name in example_names() if not unavailable(name)}
     left = set().union(*kinds.values())
     chosen = []
     while left:
@@ -57,6 +59,7 @@ MODEL_FILES = {
     "v1-5-pruned-emaonly-fp16.safetensors": "mk_sd15_tiny.safetensors",
     "vae-ft-mse-840000-ema-pruned.safetensors": "mk_sd15_vae_tiny.safetensors",
     "wan2.1_t2v_1.3B_fp16.safetensors": "mk_wan21_tiny.safetensors",
+    "wan2.1_t2v_14B_fp8_scaled.safetensors": "mk_wan21_tiny.safetensors",
     "sd15_unet_sharded": "mk_sd15_tiny_unet_sharded",
     "sd15_clip_l_sharded": "mk_sd15_clip_l_sharded",
     "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors": "mk_wan22_high_noise_tiny.safetensors",
@@ -64,6 +67,25 @@ MODEL_FILES = {
     "wan_2.1_vae.safetensors": "mk_wan21_vae_tiny.safetensors",
 }
 _NEEDS_WAN22 = {"mk_wan22_high_noise_tiny.safetensors", "mk_wan22_low_noise_tiny.safetensors"}
+MODEL_FILES.update({
+    "flux2_dev_fp8mixed.safetensors": "mk_flux2_tiny.safetensors",
+    "flux2-vae.safetensors": "mk_flux2_vae.safetensors",
+})
+_NEEDS_FLUX2 = {"mk_flux2_tiny.safetensors", "mk_flux2_vae.safetensors"}
+# CLIPLoader types whose text encoder the harness substitutes (see the module docstring).
+BIG_TEXT_ENCODERS = {"wan", "flux2"}
+
+
+def unavailable(name: str) -> str | None:
+    """Why ``example_workflows/<name>.json`` cannot run on the ComfyUI under test, or None.
+    Flux 2: ComfyUI before 0.33 detects a Flux 2 model with 48 heads whatever its width, so
+    its smallest stand-in would be 1.5 B parameters."""
+    ui = json.loads((EXAMPLES / f"{name}.json").read_text())
+    flux2 = any(v in ("flux2_dev_fp8mixed.safetensors",) for n in ui["nodes"] for v in n.get("widgets_values") or [])
+    if flux2 and paths.comfyui_version_tuple() < (0, 33):
+        return ("ComfyUI before 0.33 reads every Flux 2 model as 48 heads of width 128 (hidden size 6144), "
+                "so no small Flux 2 stand-in loads there; runs on ComfyUI 0.33")
+    return None
 
 
 def load_example(name: str, object_info: dict) -> dict:
@@ -78,11 +100,14 @@ def load_example(name: str, object_info: dict) -> dict:
                 if MODEL_FILES[v] in _NEEDS_WAN22:
                     from .wan22_models import ensure_wan22_experts
                     ensure_wan22_experts()
+                if MODEL_FILES[v] in _NEEDS_FLUX2:
+                    from .flux2_models import ensure_flux2
+                    ensure_flux2()
     for n in api.values():
         if n["class_type"] == "MemoryKitBalancedDeviceMap" and n["inputs"].get("max_memory") == "auto":
             n["inputs"].update(TINY_DEVICE_MAP)
     wan_clips = {nid for nid, n in api.items()
-                 if n["class_type"] == "CLIPLoader" and n["inputs"].get("type") == "wan"}
+                 if n["class_type"] == "CLIPLoader" and n["inputs"].get("type") in BIG_TEXT_ENCODERS}
     # A wan CLIP through Memory Plan: the plan gets no clip (the stand-in encodes apart), and the
     # text encoders fed by its CLIP output (slot 2) are substituted as if fed by the loader.
     planned = set()
@@ -103,6 +128,63 @@ def load_example(name: str, object_info: dict) -> dict:
     for nid in wan_clips:
         del api[nid]
     return workflow.strip_meta(api)
+
+
+def ensure_stand_ins(name: str) -> None:
+    """Generate the stand-ins made on first use that ``example_workflows/<name>.json`` names
+    (a server lists them under the real names, see ``harness.stand_ins``)."""
+    ui = json.loads((EXAMPLES / f"{name}.json").read_text())
+    wanted = {MODEL_FILES[v] for n in ui["nodes"] for v in n.get("widgets_values") or []
+              if isinstance(v, str) and v in MODEL_FILES}
+    if wanted & _NEEDS_WAN22:
+        from .wan22_models import ensure_wan22_experts
+        ensure_wan22_experts()
+    if wanted & _NEEDS_FLUX2:
+        from .flux2_models import ensure_flux2
+        ensure_flux2()
+
+
+def template_as_run(name: str) -> dict:
+    """``example_workflows/<name>.json`` as a user opens it (UI format, every node, widget value and
+    link as the file has them, real model file names), but for the one substitution a CPU needs:
+    each CLIPTextEncode fed by a Wan or Flux 2 text encoder (directly or through Memory Plan's CLIP
+    output) becomes ``MemoryKitTestWanTextEncode`` with the same text, and that CLIPLoader goes
+    (with its links, Memory Plan's ``clip`` input among them). Stand-ins are generated first."""
+    ensure_stand_ins(name)
+    ui = json.loads((EXAMPLES / f"{name}.json").read_text())
+    nodes = {n["id"]: n for n in ui["nodes"]}
+    links = {lk[0]: lk for lk in ui.get("links", [])}
+    big = {n["id"] for n in ui["nodes"] if n["type"] == "CLIPLoader"
+           and len(n.get("widgets_values") or []) > 1 and n["widgets_values"][1] in BIG_TEXT_ENCODERS}
+    drop: set[int] = set()
+    planned = set()
+    for n in ui["nodes"]:
+        for inp in n.get("inputs", []):
+            lk = links.get(inp.get("link"))
+            if lk is None:
+                continue
+            if n["type"] == "MemoryKitMemoryPlan" and inp["name"] == "clip" and lk[1] in big:
+                drop.add(lk[0])
+                inp["link"] = None
+                planned.add(n["id"])
+    for n in ui["nodes"]:
+        if n["type"] != "CLIPTextEncode":
+            continue
+        lk = next((links.get(i.get("link")) for i in n.get("inputs", []) if i["name"] == "clip"), None)
+        if lk is not None and (lk[1] in big or (lk[1] in planned and lk[2] == 2)):
+            drop.add(lk[0])
+            n.update(type="MemoryKitTestWanTextEncode", inputs=[],
+                     widgets_values=[(n.get("widgets_values") or [""])[0], 16])
+    for nid in big:
+        for out in nodes[nid].get("outputs", []):
+            drop.update(out.get("links") or [])
+    for n in ui["nodes"]:
+        for out in n.get("outputs", []):
+            if out.get("links"):
+                out["links"] = [x for x in out["links"] if x not in drop]
+    ui["links"] = [lk for lk in ui.get("links", []) if lk[0] not in drop]
+    ui["nodes"] = [n for n in ui["nodes"] if n["id"] not in big]
+    return ui
 
 
 def memorykit_reports(result: RunResult) -> dict[str, dict]:

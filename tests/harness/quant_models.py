@@ -101,7 +101,7 @@ def ensure_sd15(layout: str) -> Path:
     return ensure("sd15", layout, sd15_unet_state_dict)
 
 
-def build_zoo_quantized(name: str, layout: str):
+def build_zoo_quantized(name: str, layout: str, weight_dtype=torch.float32):
     """The zoo model ``name`` (:mod:`harness.zoo`) as core loads it from an fp8_scaled file of
     ``layout``: its state dict written in that layout, turned into per-layer ``comfy_quant``
     layers as core's loader does (``comfy.utils.convert_old_quants`` for the legacy marker), and
@@ -109,17 +109,27 @@ def build_zoo_quantized(name: str, layout: str):
     Core's file detection does not recognise the zoo's tiny configurations, so the model is
     built from the zoo's config and loaded with ``load_model_weights``. ComfyUI 0.33 only.
     Returns a ModelPatcher (cpu), loaded inside inference mode as the server loads."""
+    from . import zoo
+    return load_zoo_quantized(name, quantize_state_dict(dict(zoo.build(name).model.diffusion_model.state_dict()),
+                                                        layout), weight_dtype)
+
+
+def load_zoo_quantized(name: str, q: dict, weight_dtype=torch.float32):
+    """The zoo model ``name`` built from the quantized state dict ``q`` (either layout, or what Save
+    Sharded wrote: core's per-layer ``comfy_quant`` form), as :func:`build_zoo_quantized` loads it.
+    ``weight_dtype``: the layers that are not quantized hold this dtype and the model computes in
+    it (float32: as core loads on the CPU; bfloat16: as on a GPU)."""
     import comfy.model_patcher
     import comfy.supported_models as sm
     import comfy.utils
 
     from . import zoo
     spec = zoo.SPECS[name]
-    q = quantize_state_dict(dict(zoo.build(name).model.diffusion_model.state_dict()), layout)
-    q, _ = comfy.utils.convert_old_quants(q, "", {})
+    q, _ = comfy.utils.convert_old_quants(dict(q), "", {})
     with torch.inference_mode():
         mc = getattr(sm, spec.supported_model)(zoo._config(name))
-        mc.set_inference_dtype(torch.float32, torch.float32)  # quantized layers compute in float32 on the CPU
+        # quantized layers compute in float32 on the CPU; bfloat16: in bfloat16, as on a GPU
+        mc.set_inference_dtype(weight_dtype, torch.float32 if weight_dtype == torch.float32 else None)
         mc.quant_config = comfy.utils.detect_layer_quantization(q, "")
         model = mc.get_model(spec.state_dict() if spec.state_dict else {})
         if spec.post_build is not None:

@@ -1,7 +1,8 @@
 """A real ComfyUI server, started headless on a free loopback port, for tests and the demo.
 
 The server gets its own ``--base-directory`` (a temp folder): ``custom_nodes/`` holds links
-to this pack, to the test-only node folder and to city96/ComfyUI-GGUF (see ``gguf_pack``), ``models/`` links to the generated models,
+to this pack, to the test-only node folder and to city96/ComfyUI-GGUF (see ``gguf_pack``), ``models/`` links to the generated models
+(and ``stand_ins/`` holds them under the example workflows' real file names, see ``stand_ins``),
 ``output/``/``temp/``/``user/`` are fresh. Nothing in the ComfyUI tree is written, so a
 user's own checkout (``COMFYUI_PATH``) is safe.
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from . import gguf_pack, paths
+from . import gguf_pack, paths, stand_ins
 
 PACK_DIR_NAME = "ComfyUI-MemoryKit"
 TEST_NODES_DIR_NAME = "memorykit_test_nodes"
@@ -76,6 +77,7 @@ def make_base_directory(base: Path, with_test_nodes: bool = True) -> Path:
             link.symlink_to(paths.MODELS / sub, target_is_directory=True)
     for sub in ("output", "input", "temp", "user"):
         (base / sub).mkdir(exist_ok=True)
+    stand_ins.lay_out(base)  # the templates' real model file names → the generated stand-ins
     return base
 
 
@@ -108,6 +110,8 @@ class ComfyServer:
                 "--database-url", "sqlite:///:memory:"]
         if not torch.cuda.is_available():
             args.append("--cpu")
+        if (self.base / "stand_ins.yaml").is_file():
+            args += ["--extra-model-paths-config", str(self.base / "stand_ins.yaml")]
         args += list(self.extra_args)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self._log = open(self.log_path, "ab")

@@ -234,16 +234,17 @@ def _init_(module: torch.nn.Module, seed: int) -> None:
                 t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.dtype) * 0.02)
 
 
-def build(name: str, full_size: bool = False):
+def build(name: str, full_size: bool = False, config: dict | None = None):
     """A ``comfy.sd.CLIP`` of entry ``name``: tiny on the CPU (float32, initialised), or with
-    ``full_size`` the real configuration on the meta device (no memory; for coverage only)."""
+    ``full_size`` the real configuration on the meta device (no memory; for coverage only).
+    ``config`` updates each tiny config (e.g. a wider MLP)."""
     import comfy.sd
     spec = SPECS[name]
     cpu, meta = torch.device("cpu"), torch.device("meta")
     opts = {"load_device": cpu, "offload_device": cpu, "initial_device": meta, "dtype": torch.float32}
     if not full_size:
         for model_name, cfg in spec.configs.items():
-            opts[f"{model_name}_model_config"] = dict(cfg)
+            opts[f"{model_name}_model_config"] = dict(cfg, **(config or {}))
     holder = type("ClipTarget", (), {})()  # core's ClipTarget: a plain holder of these three
     holder.clip, holder.params = spec.clip(), {}
     holder.tokenizer = lambda embedding_directory=None, tokenizer_data=None, **kw: None if full_size else _tokenizer(name)
