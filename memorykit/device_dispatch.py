@@ -87,6 +87,7 @@ class DispatchedModel:
         self.offload_dir = offload_dir
         self.original_devices = original_devices
         self.own_forwards = own_forwards
+        self.page_hooks: list = []  # forward hooks letting go of the disk pages read (see _let_go_of_read_pages)
         self.active = True
 
     def remove(self) -> None:
@@ -97,6 +98,9 @@ class DispatchedModel:
         if not self.active:
             return
         # Raising half-way keeps the handle active with its store: calling again finishes the job.
+        for h in self.page_hooks:
+            h.remove()
+        self.page_hooks = []
         _restore(self.module, self.original_devices, self.own_forwards)
         _own_memory(self.module, self.store)
         self.parts.restore()
@@ -141,7 +145,9 @@ def _own_memory(module: torch.nn.Module, store: DiskStore | None) -> None:
     hi = lo + store.nbytes
     for _, t in _named_tensors(module):
         if t.device.type == "cpu" and lo <= t.untyped_storage().data_ptr() < hi:
+            off, nb = t.data_ptr() - lo, t.numel() * t.element_size()
             t.data = copy_at_phase(t.data)  # the view keeps the phase the weight was loaded at (_pack_to_disk)
+            store.drop(off, nb, evict=False)  # the pages read for the copy: the weights are held once
 
 
 def _expand_root(module: torch.nn.Module, device_map: dict) -> dict:
@@ -243,14 +249,14 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
     parts = weight_parts.decompose(module, several=True)
     try:
         return _dispatch(module, device_map, offload_folder, main, skip_keys, preload_module_classes, own_forwards,
-                         parts)
+                         parts, is_oom)
     except BaseException:
         parts.restore()
         raise
 
 
 def _dispatch(module, device_map, offload_folder, main, skip_keys, preload_module_classes, own_forwards,
-              parts) -> DispatchedModel:
+              parts, is_oom=None) -> DispatchedModel:
     original = {n: t.device for n, t in _named_tensors(module)}
     offload_dir, store, weights, disk_bytes = None, None, None, 0
     expanded = _expand_root(module, device_map)
@@ -297,4 +303,39 @@ def _dispatch(module, device_map, offload_folder, main, skip_keys, preload_modul
         raise
     handle = DispatchedModel(module, device_map, main, offload_dir, original, own_forwards, store, parts)
     handle.disk_bytes = disk_bytes
+    if store is not None:
+        handle.page_hooks = _let_go_of_read_pages(module, expanded, store, weights)
     return handle
+
+
+def _let_go_of_read_pages(module: torch.nn.Module, expanded: dict, store: DiskStore, views: dict) -> list:
+    """Forward hooks that let go of the store's pages a ``disk`` entry read, once its forward is
+    done (and of all of them after the root's): accelerate hands each such weight to the forward
+    as the view of the mapping itself (``.to("cpu")`` of a CPU tensor is the same tensor), so every
+    page read stays mapped and counted in the RSS. Measured on 192 MiB of disk weights: after one
+    step 192 MiB mapped before, one block (4 MiB) after (``tests/test_offload_disk.py``).
+    Returns the hook handles (removed with the map)."""
+    lo = store.tensor.data_ptr()
+    ranges: dict[str, list] = {}
+    for entry, d in expanded.items():
+        if d != "disk":
+            continue
+        pre = f"{entry}." if entry else ""
+        ranges[entry] = [(v.data_ptr() - lo, v.numel() * v.element_size()) for n, v in views.items()
+                         if (n.startswith(pre) or n == entry) and v.device.type == "cpu"
+                         and lo <= v.data_ptr() < lo + store.nbytes]
+
+    def let_go(spans):
+        def hook(_module, _args, _output):
+            for off, nb in spans:
+                store.drop(off, nb, evict=False)
+        return hook
+
+    handles = []
+    subs = dict(module.named_modules())
+    for entry, spans in ranges.items():
+        if spans and entry in subs and subs[entry] is not module:
+            handles.append(subs[entry].register_forward_hook(let_go(spans)))
+    # weights read without their module's forward being called (a block reading a norm's weight)
+    handles.append(module.register_forward_hook(let_go([(0, store.nbytes)])))
+    return handles

@@ -8,6 +8,8 @@ test_device_map_server.py (through the server).
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -174,3 +176,22 @@ def test_unet_refuses_a_split_across_gpus(node, comfy, fixture_models):
         run_node(node, out[0], "sequential", "cuda:0=40MiB, cuda:1=1GiB")
     _, rep, _ = run_node(node, out[0], "sequential", "cuda:0=60MiB, cpu=1GiB")  # one GPU + cpu is fine
     assert set(rep["device_map"].values()) == {0, "cpu"}
+
+
+@pytest.mark.core_independent
+def test_a_failure_inside_dispatch_reaches_the_caller_with_the_module_as_it_was(comfy, tmp_path):
+    """accelerate refusing a map inside ``dispatch_model`` (here one that leaves a layer out) reaches
+    the caller as accelerate's error, and the host's out-of-memory rule (``is_oom``) turns what it
+    counts into the message that names the fix; either way the module is as it was and no file is left.
+    (The error used to be a NameError from the out-of-memory check.)"""
+    from comfyui_memorykit.memorykit import device_dispatch
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    ref = {k: v.clone() for k, v in m.state_dict().items()}
+    incomplete = {"0": "disk"}
+    with pytest.raises(ValueError, match="does not give any device"):
+        device_dispatch.dispatch_device_map(m, incomplete, str(tmp_path), main_device="cpu")
+    with pytest.raises(RuntimeError, match="out of memory while placing the device map.*lower max_memory"):
+        device_dispatch.dispatch_device_map(m, incomplete, str(tmp_path), main_device="cpu", is_oom=lambda e: True)
+    assert not device_dispatch.is_dispatched(m) and os.listdir(tmp_path) == []
+    assert all(torch.equal(v, ref[k]) and v.device.type == "cpu" for k, v in m.state_dict().items())

@@ -126,7 +126,7 @@ def _restore_growth(remove, before: int) -> int:
 
 @pytest.mark.core_independent
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the RSS from /proc (Linux)")
-@pytest.mark.parametrize("placement", ["group_offload"])  # Balanced Device Map keeps the disk pages it read while sampling mapped (reclaimable cache): not yet checked
+@pytest.mark.parametrize("placement", ["group_offload", "device_map"])
 def test_removing_a_disk_placement_holds_the_weights_once(comfy, tmp_path, placement):
     """Removing a disk placement (Group Offload to disk, Balanced Device Map with disk) reads the
     weights back into RAM: the RSS stays at the model's size as loaded, not twice it (the pages of
@@ -158,4 +158,55 @@ def test_removing_a_disk_placement_holds_the_weights_once(comfy, tmp_path, place
     print(f"{placement} from disk, removal: RSS peak {grown / 2**20:.0f} MiB above the model as loaded, for {size / 2**20:.0f} MiB of weights")
     assert all(torch.equal(p, r) for p, r in zip(blocks.parameters(), ref))
     assert grown < 0.5 * size, f"RSS rose {grown / 2**20:.0f} MiB above the model as loaded, restoring {size / 2**20:.0f} MiB"
+    assert os.listdir(tmp_path) == []
+
+
+def _rss_file_bytes() -> int:
+    """The file-backed part of the RSS (pages of mapped files: the disk store's mapping among them)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssFile:"))
+
+
+@pytest.mark.core_independent
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the RSS from /proc (Linux)")
+@pytest.mark.parametrize("placement", ["group_offload", "device_map"])
+def test_sampling_from_a_disk_placement_maps_one_block_at_a_time(comfy, tmp_path, placement):
+    """While a model placed on disk runs, the pages read from the disk file are let go after each
+    block: the RSS holds about one block of the file, not every weight read so far (counted in
+    the RSS, the whole model would be back after one step, and the placement would save nothing)."""
+    from comfyui_memorykit.memorykit import device_dispatch, offload
+    from comfyui_memorykit.memorykit.offload_plan import GroupOffloadOptions
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList(torch.nn.Linear(1024, 1024, bias=False) for _ in range(48))  # 4 MiB each
+    model = torch.nn.Module()
+    model.blocks = blocks
+    size = sum(p.numel() * p.element_size() for p in blocks.parameters())  # 192 MiB
+    x0 = torch.randn(2, 1024)
+    with torch.no_grad():
+        ref = x0
+        for b in blocks:
+            ref = b(ref)
+    if placement == "group_offload":
+        h = offload.apply_group_offload(model, "cpu", "cpu", options=GroupOffloadOptions(offload_to="disk"),
+                                        block_lists=[("blocks", list(blocks.named_children()))],
+                                        disk_folder=tmp_path, disk_tag="rss")
+        remove = lambda: offload.remove_group_offload(h)
+    else:
+        h = device_dispatch.dispatch_device_map(model, {f"blocks.{i}": "disk" for i in range(48)}, str(tmp_path),
+                                                main_device="cpu")
+        remove = h.remove
+    try:
+        before, peak = _rss_file_bytes(), 0
+        with torch.no_grad():
+            for _ in range(2):  # two steps
+                x = x0
+                for b in blocks:
+                    x = b(x)
+                    peak = max(peak, _rss_file_bytes())
+        grown = peak - before
+        print(f"{placement} from disk, sampling: file pages mapped grew {grown / 2**20:.0f} MiB for {size / 2**20:.0f} MiB of weights")
+        assert torch.equal(x, ref)
+        assert grown < 0.25 * size, f"{grown / 2**20:.0f} MiB of the disk file stayed mapped ({size / 2**20:.0f} MiB of weights)"
+    finally:
+        remove()
     assert os.listdir(tmp_path) == []
