@@ -86,8 +86,8 @@ def _group_offload(info: dict, rep: dict | None = None) -> list[str]:
             out.append(f"RAM peak {fmt_bytes(rep['host']['rss_peak_bytes'])}")
         out += resident
         if run.get("seconds") is not None:
-            n, what = (run["steps"], "steps") if run.get("steps") else (run["forwards"], "forwards")
-            out.append(f"{n} {what} in {fmt_seconds(run['seconds'])}")
+            n, what = (run["steps"], "step") if run.get("steps") else (run["forwards"], "forward")
+            out.append(f"{n} {what}{'' if n == 1 else 's'} in {fmt_seconds(run['seconds'])}")
     else:
         out += resident
         if plan.get("streamed_bytes") is not None:

@@ -90,6 +90,10 @@ def adjust_prompt(name: str, api: dict) -> list[str]:
     experts = sum(n["class_type"] == "UNETLoader" for n in api.values())
     notes.append(f"diffusion model{'s' if experts > 1 else ''}: {experts} × a 2.0 GiB Wan 2.1 stand-in, "
                  f"{BIG_LATENT['width']}×{BIG_LATENT['height']} px × {BIG_LATENT['length']} frames, {BIG_STEPS} steps")
+    if experts > 1:
+        notes.append("the second expert is loaded after the first sampling step, inside the measured window: "
+                     "ComfyUI's loader holds the file's pages and its copy of the weights at once (about twice the "
+                     "model) in both runs")
     for n in api.values():
         ct, inp = n["class_type"], n["inputs"]
         if ct == "UNETLoader":

@@ -1,4 +1,5 @@
-"""Figures in README.md and docs/formats.md that come from a results file are written by this script, between
+"""Figures in README.md and docs/formats.md that come from a results file (or from docs/demo.md, which the
+demo writes) are written by this script, between
 ``<!-- figures:NAME -->`` and ``<!-- /figures:NAME -->``, so they cannot go stale:
 ``python scripts/docs_figures.py`` rewrites them, ``--check`` exits 1 when a file differs
 (tests/test_docs_text.py runs the check)."""
@@ -43,7 +44,16 @@ def formats_block() -> str:
     return text[text.index("| architecture"):].rstrip("\n")
 
 
-BLOCKS = {"benchmarks": benchmarks_block}
+def demo_block() -> str:
+    """The README's demo table: docs/demo.md's table (written by ``scripts/demo.py --markdown``) and its
+    "Measured:" line, as written."""
+    lines = (REPO / "docs" / "demo.md").read_text().splitlines()
+    table = [ln for ln in lines if ln.startswith("|")]
+    measured = [ln for ln in lines if ln.startswith("Measured: ")]
+    return "\n".join(table + [""] + measured)
+
+
+BLOCKS = {"benchmarks": benchmarks_block, "demo": demo_block}
 # file → its blocks
 FILES = {"README.md": BLOCKS, "docs/formats.md": {"formats": formats_block}}
 

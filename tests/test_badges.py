@@ -57,6 +57,12 @@ CASES = {
         "figures": {"resident_bytes": 0, "streamed_bytes": 1_000_000, "footprint_bytes": 13_529_600},
         "run": {"forwards": 4, "steps": 4, "seconds": 0.5, "bytes_moved": 4_000_000, "peak_vram_bytes": None}}),
         ["streams 976.6 KiB/step", "RAM peak 1.88 GiB", "resident 0 B", "4 steps in 0.50 s"]),
+    # one step (the first of two experts): "1 step", not "1 steps"
+    "group_offload_run_one_step": (rep(group_offload={
+        "status": "applied", "options": {"offload_to": "disk"},
+        "figures": {"resident_bytes": 0, "streamed_bytes": 1_000_000, "footprint_bytes": 1},
+        "run": {"forwards": 2, "steps": 1, "seconds": 0.5, "bytes_moved": 2_000_000, "peak_vram_bytes": None}}),
+        ["streams 1.9 MiB/step from disk", "RAM peak 1.88 GiB", "resident 0 B", "1 step in 0.50 s"]),
     "tiled_vae": (rep(cuda=True, tiled_vae={"plan": {"tiles_per_axis": [3, 3]}, "tile_px": [112, 112], "seconds": 39.5}),
                   ["3×3 tiles", "VRAM peak 1.10 GiB", "112×112 px", "39.5 s"]),
     "tiled_vae_video": (rep(tiled_vae={"plan": {"tiles_per_axis": [1, 3, 3]}, "tile_px": [56, 56], "seconds": 0.4}),

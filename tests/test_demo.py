@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from harness import paths
 
 
@@ -58,7 +60,6 @@ def test_demo_runs_examples_beside_their_baselines(tmp_path, fixture_models):
 def test_demo_skips_a_template_this_comfyui_cannot_run():
     """``make demo`` runs every template: one this ComfyUI cannot run (the Flux 2 template before
     0.33) is skipped with the reason, not failed. No server starts when nothing is left to run."""
-    import pytest
     from harness import examples
     name = "memory_plan_flux2_dev_16gb_vram_64gb_ram"
     why = examples.unavailable(name)
@@ -67,3 +68,28 @@ def test_demo_skips_a_template_this_comfyui_cannot_run():
     proc = _run(["--only", name], timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"{name}: skipped on this ComfyUI" in proc.stdout and "Nothing to run" in proc.stdout
+
+
+@pytest.mark.core_independent
+def test_docs_demo_shows_each_technique_saving():
+    """``docs/demo.md`` (the demo's own output, quoted in the README) shows what each technique is for:
+    Group Offload to disk, the device map with disk and Tiled VAE at most 0.75× the plain peak, the same
+    output as plain (bit-exact, or within 0.05 for tiling), FP8's weight bytes at most 0.55× and a
+    Memory Plan that chose something other than 'as loaded' for a machine the model is too big for."""
+    import re
+    text = (paths.REPO / "docs" / "demo.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"\| `(\w+)` \|(.*)\|$", line)
+        if m:
+            cells = [c.strip() for c in m.group(2).split("|")]
+            rows[m.group(1)] = dict(ratio=float(cells[5].rstrip("×")), error=cells[7])
+    for name in ("group_offload_wan21_t2v", "balanced_device_map_wan21_t2v", "tiled_vae_sd15"):
+        assert rows[name]["ratio"] <= 0.75, (name, rows[name])
+        err = rows[name]["error"]
+        assert err == "bit-exact" or float(err) <= 0.05, (name, err)
+    fp8 = re.search(r"FP8 Layerwise Cast: ([\d.]+) → ([\d.]+) MiB", text)
+    assert fp8 and float(fp8.group(2)) <= 0.55 * float(fp8.group(1)), fp8
+    plan = re.search(r"`memory_plan_wan22_16gb_vram_32gb_ram`: Memory Plan: ([^;]*)", text)
+    assert plan and "as loaded" not in plan.group(1), plan
+    assert "a photograph" in text and "trained TAEF2" in text

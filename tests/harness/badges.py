@@ -14,7 +14,7 @@ FIGURE_PATTERNS = [re.compile(p) for p in (
     rf"{_N} → {_N} (B|KiB|MiB|GiB) \([−+]\d+ %\)",
     r"\d+ layers fp8( \(core\))?", r"\d+ kept",
     rf"resident {_B}", rf"streams {_B}/(forward|step)( from disk)?", rf"(peak|needs) {_B}",
-    rf"\d+ (forwards|steps) in {_N} s", r"planned",
+    rf"\d+ (forwards?|steps?) in {_N} s", r"planned",
     r"\d+(×\d+)* tiles", r"\d+×\d+ px", rf"{_N} s",
     r"\d+ shards?", _B, r"\d+ tensors",
     rf"(cpu|disk|mps|(cuda|xpu|npu|mlu):\d+) {_N}( (B|KiB|MiB|GiB))?",  # device map: "cuda:0 10.8", "disk 1.6 MiB"
