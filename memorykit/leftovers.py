@@ -21,6 +21,7 @@ list updates (``fcntl`` lock where it exists).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -30,6 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import safe_files
+
+_log = logging.getLogger("MemoryKit")
 
 MARKER = ".memorykit-owner.json"
 LIST_NAME = "folders.txt"
@@ -167,10 +170,16 @@ def forget(folder: str | os.PathLike, drop_marker: bool = False) -> None:
         _mine.discard(path)
 
 
-def remove_folder(folder: str | os.PathLike) -> None:
-    """Delete a tracked ``folder`` (missing is fine) and take it off the list."""
+def remove_folder(folder: str | os.PathLike) -> bool:
+    """Delete a tracked ``folder`` (missing is fine) and take it off the list. A folder that
+    cannot be deleted (made read-only meanwhile) stays listed: SIGTERM's clean-up and the next
+    start (:func:`remove_stale`) delete it. Returns True when it is gone."""
     shutil.rmtree(folder, ignore_errors=True)
+    if os.path.lexists(folder):
+        _log.warning("MemoryKit: cannot delete the folder %s (read-only?); it is deleted at the next start", folder)
+        return False
     forget(folder)
+    return True
 
 
 def _marker(path: str) -> dict | None:
