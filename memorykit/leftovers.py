@@ -171,14 +171,23 @@ def forget(folder: str | os.PathLike, drop_marker: bool = False) -> None:
 
 
 def remove_folder(folder: str | os.PathLike) -> bool:
-    """Delete a tracked ``folder`` (missing is fine) and take it off the list. A folder that
-    cannot be deleted (made read-only meanwhile) stays listed: SIGTERM's clean-up and the next
-    start (:func:`remove_stale`) delete it. Returns True when it is gone."""
-    shutil.rmtree(folder, ignore_errors=True)
-    if os.path.lexists(folder):
-        _log.warning("MemoryKit: cannot delete the folder %s (read-only?); it is deleted at the next start", folder)
-        return False
-    forget(folder)
+    """Delete a tracked ``folder`` (missing is fine) and take it off the list. Only while it
+    carries this process's marker: a folder put at its path by someone else (the pack's was
+    deleted) is never deleted, unless empty. A folder that cannot be deleted (made read-only
+    meanwhile) stays listed: SIGTERM's clean-up and the next start (:func:`remove_stale`) delete
+    it. Returns False only then."""
+    path = os.path.abspath(folder)
+    if _marker(path) == _owner():
+        shutil.rmtree(path, ignore_errors=True)
+        if os.path.lexists(path):
+            _log.warning("MemoryKit: cannot delete the folder %s (read-only?); it is deleted at the next start", path)
+            return False
+    else:
+        try:
+            os.rmdir(path)  # empty (its marker removed with the rest): nobody's files
+        except OSError:
+            pass
+    forget(path)
     return True
 
 

@@ -364,3 +364,33 @@ def test_fp8_scaled_model_sampled_from_a_disk_map_maps_one_block_at_a_time(comfy
         _no_trace(dm)
     finally:
         unload()
+
+
+@pytest.mark.core_independent
+def test_a_folder_of_the_user_at_the_offload_folder_path_is_never_deleted(comfy, tmp_path):
+    """The offload folder is deleted after dispatch and the user makes a folder of their own under
+    the same name: the forward and the removal are exact, and the removal leaves the user's
+    folder and its files alone (it is not the pack's: no marker of this process)."""
+    import shutil
+
+    from comfyui_memorykit.memorykit import device_dispatch, leftovers
+    net = _net()
+    values = _values(net)
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        ref = net(x)
+    h = device_dispatch.dispatch_device_map(net, DISK_MAP, str(tmp_path), main_device="cpu")
+    folder = h.offload_dir
+    try:
+        shutil.rmtree(folder)
+        os.mkdir(folder)
+        with open(os.path.join(folder, "mine.txt"), "w") as f:
+            f.write("the user's")
+        with torch.no_grad():
+            assert torch.equal(net(x), ref)
+    finally:
+        h.remove()
+    _same(net, values)
+    _no_trace(net)
+    assert os.listdir(folder) == ["mine.txt"], "the removal deleted a folder the pack did not write"
+    assert os.path.abspath(folder) not in leftovers._mine  # not listed as a leftover either
