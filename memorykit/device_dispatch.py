@@ -87,6 +87,7 @@ class DispatchedModel:
         self.offload_dir = offload_dir
         self.original_devices = original_devices
         self.own_forwards = own_forwards
+        self.ties: tuple = ()  # groups of names sharing one tensor (tied weights), tied again on removal
         self.page_hooks: list = []  # forward hooks letting go of the disk pages read (see _let_go_of_read_pages)
         self.active = True
 
@@ -101,7 +102,7 @@ class DispatchedModel:
         for h in self.page_hooks:
             h.remove()
         self.page_hooks = []
-        _restore(self.module, self.original_devices, self.own_forwards)
+        _restore(self.module, self.original_devices, self.own_forwards, self.ties)
         _own_memory(self.module, self.store)
         self.parts.restore()
         self.active = False
@@ -120,7 +121,33 @@ def _instance_forwards(module: torch.nn.Module) -> frozenset:
     return frozenset(n for n, m in module.named_modules() if "forward" in m.__dict__)
 
 
-def _restore(module: torch.nn.Module, original_devices: dict, own_forwards: frozenset) -> None:
+def _ties(module: torch.nn.Module) -> tuple:
+    """Groups of names that share one tensor object (tied weights), each group of two or more."""
+    by_id: dict = {}
+    for n, t in _named_tensors(module):
+        by_id.setdefault(id(t), []).append(n)
+    return tuple(tuple(g) for g in by_id.values() if len(g) > 1)
+
+
+def _slot(module: torch.nn.Module, name: str) -> tuple[dict, str]:
+    """The ``_parameters`` or ``_buffers`` dict holding tensor ``name`` of ``module``, and its key."""
+    owner, _, leaf = name.rpartition(".")
+    m = module.get_submodule(owner)
+    return (m._parameters if leaf in m._parameters else m._buffers), leaf
+
+
+def _retie(module: torch.nn.Module, ties: tuple) -> None:
+    """Each group of ``ties`` shares one tensor again (placing and restoring makes one per name):
+    the first member not on ``meta``; the weights are held once, as before the dispatch."""
+    for group in ties:
+        slots = [_slot(module, n) for n in group]
+        t = next((d[k] for d, k in slots if d[k] is not None and d[k].device.type != "meta"), None)
+        if t is not None:
+            for d, k in slots:
+                d[k] = t
+
+
+def _restore(module: torch.nn.Module, original_devices: dict, own_forwards: frozenset, ties: tuple = ()) -> None:
     remove_hook_from_module(module, recurse=True)
     if "hf_device_map" in module.__dict__:
         del module.__dict__["hf_device_map"]
@@ -131,10 +158,12 @@ def _restore(module: torch.nn.Module, original_devices: dict, own_forwards: froz
             m.__dict__.pop("forward", None)
     for name, t in list(_named_tensors(module)):
         want = original_devices.get(name)
+        if want is not None and t.device != want and t.device.type != "meta":
+            set_module_tensor_to_device(module, name, want, clear_cache=False)
+    _retie(module, ties)
+    for name, t in _named_tensors(module):
         if t.device.type == "meta":
             raise RuntimeError(f"{name} is still on the meta device after removing the device map")
-        if want is not None and t.device != want:
-            set_module_tensor_to_device(module, name, want, clear_cache=False)
 
 
 def _own_memory(module: torch.nn.Module, store: DiskStore | None) -> None:
@@ -167,8 +196,9 @@ def _expand_root(module: torch.nn.Module, device_map: dict) -> dict:
 
 def _tensor_dict(module: torch.nn.Module) -> dict:
     """Parameters and persistent buffers by name: what accelerate's hooks look up (a layer's own
-    ``state_dict`` may name its stored form otherwise, as core's quantized layers do)."""
-    out = dict(module.named_parameters())
+    ``state_dict`` may name its stored form otherwise, as core's quantized layers do). A tied
+    weight is listed under each of its names: the hook of every module using it looks it up."""
+    out = dict(module.named_parameters(remove_duplicate=False))
     for mn, m in module.named_modules():
         for bn, b in m._buffers.items():
             if b is not None and bn not in m._non_persistent_buffers_set:
@@ -184,9 +214,13 @@ def disk_state_dict(module: torch.nn.Module, device_map: dict) -> dict:
 
 def _pack_to_disk(folder: str, state_dict: dict) -> tuple[DiskStore, dict]:
     """``state_dict`` copied into one unnamed file in ``folder`` (512-byte aligned tensors, see
-    :class:`memorykit.offload_store.DiskStore`); returns the store and the views of it, same keys.
+    :class:`memorykit.offload_store.DiskStore`); returns the store and the views of it, same keys
+    (names of one tensor, tied weights, share one view: written once).
     Raises OSError when the folder cannot take them (a full disk: ENOSPC)."""
-    names = list(state_dict)
+    first = {}
+    for n, t in state_dict.items():
+        first.setdefault(id(t), n)
+    names = list(dict.fromkeys(first.values()))
     tensors = [state_dict[n].detach() for n in names]
     # each at its address phase as loaded: the CPU computes with it bit for bit as before (address_phase)
     offsets, total = packed_layout(tensors, [address_phase(t) for t in tensors])
@@ -201,6 +235,7 @@ def _pack_to_disk(folder: str, state_dict: dict) -> tuple[DiskStore, dict]:
                 v = store.tensor[o:o + nb].view(t.dtype).view(t.shape)
                 v.copy_(t)
                 views[n] = v
+            views = {n: views[first[id(t)]] for n, t in state_dict.items()}
         store.drop()
     except BaseException:
         views.clear()
@@ -258,6 +293,7 @@ def dispatch_device_map(module: torch.nn.Module, device_map: dict, offload_folde
 def _dispatch(module, device_map, offload_folder, main, skip_keys, preload_module_classes, own_forwards,
               parts, is_oom=None) -> DispatchedModel:
     original = {n: t.device for n, t in _named_tensors(module)}
+    ties = _ties(module)
     offload_dir, store, weights, disk_bytes = None, None, None, 0
     expanded = _expand_root(module, device_map)
     if parts and main != "cpu" and "disk" not in device_map.values():
@@ -266,7 +302,8 @@ def _dispatch(module, device_map, offload_folder, main, skip_keys, preload_modul
             weights = extract_submodules_state_dict(_tensor_dict(module), cpu)
     if "disk" in device_map.values():
         disk_weights = disk_state_dict(module, device_map)
-        need = disk_bytes = sum(t.numel() * t.element_size() for t in disk_weights.values())
+        unique = {id(t): t for t in disk_weights.values()}.values()  # a tied weight is written once
+        need = disk_bytes = sum(t.numel() * t.element_size() for t in unique)
         parent = check_disk_folder(offload_folder or tempfile.gettempdir(), need, what="offload_folder")
         try:
             offload_dir = leftovers.make_folder(OFFLOAD_DIR_PREFIX, parent)
@@ -289,7 +326,7 @@ def _dispatch(module, device_map, offload_folder, main, skip_keys, preload_modul
                        preload_module_classes=preload_module_classes, force_hooks=True)
     except BaseException as e:
         try:
-            _restore(module, original, own_forwards)
+            _restore(module, original, own_forwards, ties)
             _own_memory(module, store)
         finally:
             if store is not None:
@@ -303,6 +340,7 @@ def _dispatch(module, device_map, offload_folder, main, skip_keys, preload_modul
         raise
     handle = DispatchedModel(module, device_map, main, offload_dir, original, own_forwards, store, parts)
     handle.disk_bytes = disk_bytes
+    handle.ties = ties
     if store is not None:
         handle.page_hooks = _let_go_of_read_pages(module, expanded, store, weights)
     return handle

@@ -21,6 +21,7 @@ list updates (``fcntl`` lock where it exists).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -30,6 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import safe_files
+
+_log = logging.getLogger("MemoryKit")
 
 MARKER = ".memorykit-owner.json"
 LIST_NAME = "folders.txt"
@@ -167,10 +170,25 @@ def forget(folder: str | os.PathLike, drop_marker: bool = False) -> None:
         _mine.discard(path)
 
 
-def remove_folder(folder: str | os.PathLike) -> None:
-    """Delete a tracked ``folder`` (missing is fine) and take it off the list."""
-    shutil.rmtree(folder, ignore_errors=True)
-    forget(folder)
+def remove_folder(folder: str | os.PathLike) -> bool:
+    """Delete a tracked ``folder`` (missing is fine) and take it off the list. Only while it
+    carries this process's marker: a folder put at its path by someone else (the pack's was
+    deleted) is never deleted, unless empty. A folder that cannot be deleted (made read-only
+    meanwhile) stays listed: SIGTERM's clean-up and the next start (:func:`remove_stale`) delete
+    it. Returns False only then."""
+    path = os.path.abspath(folder)
+    if _marker(path) == _owner():
+        shutil.rmtree(path, ignore_errors=True)
+        if os.path.lexists(path):
+            _log.warning("MemoryKit: cannot delete the folder %s (read-only?); it is deleted at the next start", path)
+            return False
+    else:
+        try:
+            os.rmdir(path)  # empty (its marker removed with the rest): nobody's files
+        except OSError:
+            pass
+    forget(path)
+    return True
 
 
 def _marker(path: str) -> dict | None:
