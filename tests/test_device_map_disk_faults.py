@@ -344,7 +344,7 @@ def test_fp8_scaled_model_sampled_from_a_disk_map_maps_one_block_at_a_time(comfy
         peak, done = [0], threading.Event()
 
         def watch():
-            while not done.is_set():
+            while not done.wait(0.0002):
                 peak[0] = max(peak[0], _rss_file())
         before = _rss_file()
         t = threading.Thread(target=watch)
