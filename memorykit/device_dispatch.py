@@ -212,6 +212,15 @@ def disk_state_dict(module: torch.nn.Module, device_map: dict) -> dict:
     return extract_submodules_state_dict(_tensor_dict(module), disk) if disk else {}
 
 
+def _same_layout(flat: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``flat`` (``t.numel()`` elements) viewed with ``t``'s shape and, where ``t`` is dense and
+    non-overlapping (e.g. a transposed weight), its strides: the CPU's GEMM rounds a transposed
+    operand otherwise than a contiguous one, so the copy must keep the layout to stay bit-exact."""
+    if t.is_contiguous() or torch.empty_like(t, device="meta").stride() != t.stride():
+        return flat.view(t.shape)  # contiguous, or overlapping (expanded): values only
+    return flat.as_strided(t.shape, t.stride())
+
+
 def _pack_to_disk(folder: str, state_dict: dict) -> tuple[DiskStore, dict]:
     """``state_dict`` copied into one unnamed file in ``folder`` (512-byte aligned tensors, see
     :class:`memorykit.offload_store.DiskStore`); returns the store and the views of it, same keys
@@ -232,7 +241,7 @@ def _pack_to_disk(folder: str, state_dict: dict) -> tuple[DiskStore, dict]:
         with torch.inference_mode(False):
             for n, t, o in zip(names, tensors, offsets):
                 nb = t.numel() * t.element_size()
-                v = store.tensor[o:o + nb].view(t.dtype).view(t.shape)
+                v = _same_layout(store.tensor[o:o + nb].view(t.dtype), t)
                 v.copy_(t)
                 views[n] = v
             views = {n: views[first[id(t)]] for n, t in state_dict.items()}

@@ -394,3 +394,32 @@ def test_a_folder_of_the_user_at_the_offload_folder_path_is_never_deleted(comfy,
     _no_trace(net)
     assert os.listdir(folder) == ["mine.txt"], "the removal deleted a folder the pack did not write"
     assert os.path.abspath(folder) not in leftovers._mine  # not listed as a leftover either
+
+
+@pytest.mark.core_independent
+def test_a_transposed_weight_on_disk_keeps_its_layout(comfy, tmp_path):
+    """A weight stored transposed (a non-contiguous Parameter, as ``assign=True`` loads leave
+    some): the CPU's GEMM rounds a transposed operand differently, so the disk copy must keep the
+    strides: the mapped forward and the model after removal equal the plain one bit for bit."""
+    from comfyui_memorykit.memorykit import device_dispatch
+    net = _net()
+    with torch.no_grad():
+        net.blocks[2].lin.weight = torch.nn.Parameter(net.blocks[2].lin.weight.t().contiguous().t())
+    assert not net.blocks[2].lin.weight.is_contiguous()
+    values = _values(net)
+    stride = net.blocks[2].lin.weight.stride()
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        ref = net(x)
+    h = device_dispatch.dispatch_device_map(net, DISK_MAP, str(tmp_path), main_device="cpu")
+    try:
+        with torch.no_grad():
+            out = net(x)
+    finally:
+        h.remove()
+    assert torch.equal(out, ref), f"max abs diff {(out - ref).abs().max().item()}"
+    assert net.blocks[2].lin.weight.stride() == stride
+    with torch.no_grad():
+        assert torch.equal(net(x), ref)
+    _same(net, values)
+    assert os.listdir(tmp_path) == []
