@@ -450,6 +450,10 @@ def test_core_readers_of_a_loaded_disk_map_get_the_real_weights(wan, tmp_path):
     folder.mkdir()
     clone = _map(m, folder)
     assert torch.equal(_sample(clone, conds), ref)  # loaded: disk entries are placeholders now
+    sd = {k[len("diffusion_model."):]: v for k, v in clone.model_state_dict("diffusion_model.").items()}
+    assert {n for n, _ in dm.named_parameters()} <= sd.keys()  # Extract LoRA, a ControlNet "difference" read it
+    assert all(torch.equal(v, values[k]) for k, v in sd.items())
+    assert torch.equal(_sample(clone, conds), ref)
     with torch.inference_mode():
         comfy.sd.save_checkpoint(str(tmp_path / "mapped.safetensors"), clone)
     want = comfy.utils.load_torch_file(str(tmp_path / "plain.safetensors"))
