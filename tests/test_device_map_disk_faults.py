@@ -344,7 +344,7 @@ def test_fp8_scaled_model_sampled_from_a_disk_map_maps_one_block_at_a_time(comfy
         peak, done = [0], threading.Event()
 
         def watch():
-            while not done.is_set():
+            while not done.wait(0.0002):
                 peak[0] = max(peak[0], _rss_file())
         before = _rss_file()
         t = threading.Thread(target=watch)
@@ -423,3 +423,41 @@ def test_a_transposed_weight_on_disk_keeps_its_layout(comfy, tmp_path):
         assert torch.equal(net(x), ref)
     _same(net, values)
     assert os.listdir(tmp_path) == []
+
+
+def _result(out):
+    return out[0] if isinstance(out, tuple) else out.result[0]
+
+
+def test_core_readers_of_a_loaded_disk_map_get_the_real_weights(wan, tmp_path):
+    """While a Balanced Device Map with disk is loaded (it stays loaded between prompts), core's
+    nodes that read its weights get the real ones, not the map's ``meta`` placeholders (was:
+    "Cannot copy out of meta tensor"): Save Checkpoint's ``save_checkpoint`` writes what the plain
+    model's save writes, and ModelMergeSimple with it as ``model2`` samples as the plain merge.
+    Afterwards the map runs exact again and unloads clean."""
+    import comfy.model_management as mm
+    import comfy.sd
+    import comfy.utils
+    from comfy_extras.nodes_model_merging import ModelMergeSimple
+    m, conds, ref = wan
+    dm = m.model.diffusion_model
+    values = _values(dm)
+    with torch.inference_mode():
+        comfy.sd.save_checkpoint(str(tmp_path / "plain.safetensors"), m)
+    merged_ref = _sample(_result(ModelMergeSimple().merge(m, m.clone(), 0.3)), conds)
+    mm.unload_all_models()
+    folder = tmp_path / "offload"
+    folder.mkdir()
+    clone = _map(m, folder)
+    assert torch.equal(_sample(clone, conds), ref)  # loaded: disk entries are placeholders now
+    with torch.inference_mode():
+        comfy.sd.save_checkpoint(str(tmp_path / "mapped.safetensors"), clone)
+    want = comfy.utils.load_torch_file(str(tmp_path / "plain.safetensors"))
+    got = comfy.utils.load_torch_file(str(tmp_path / "mapped.safetensors"))
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    assert torch.equal(_sample(_result(ModelMergeSimple().merge(m, clone, 0.3)), conds), merged_ref)
+    assert torch.equal(_sample(clone, conds), ref)
+    mm.unload_all_models()
+    _same(dm, values)
+    _no_trace(dm)
+    assert os.listdir(folder) == []

@@ -99,7 +99,26 @@ class _DeviceMapPatcherMixin(placement.PlacementPatcher):
     _placement_kind = _AppliedDeviceMap
 
     def _placement_plan(self, device_to, force_patch_weights):
+        if force_patch_weights:
+            return None  # core loads to read the merged weights (0.3.75's Save Checkpoint, Extract LoRA)
         return self._device_map_plan()
+
+    # Core's readers of the weights (savers, model merging, LoRA extraction, a ControlNet
+    # "difference"): with the map applied, the entries placed elsewhere are ``meta`` placeholders.
+    def _load_plainly(self) -> None:
+        """Load this patcher the plain way when a placement is applied (its weights real, patched)."""
+        if placement.applied(self.model) is not None:
+            import comfy.model_management as mm
+            with placement.plain_load(self):
+                mm.load_models_gpu([self])
+
+    def model_state_dict(self, filter_prefix=None):
+        self._load_plainly()
+        return super().model_state_dict(filter_prefix)
+
+    def get_key_patches(self, filter_prefix=None):
+        placement.release(self.model)  # core hands out the unpatched weights: the real ones, back in place
+        return super().get_key_patches(filter_prefix)
 
     def _placement_key(self, plan, device_to) -> tuple:
         return (plan, self.patches_uuid, _device(device_to))
@@ -126,6 +145,12 @@ class _DeviceMapPatcherMixin(placement.PlacementPatcher):
         self.model.model_offload_buffer_memory = 0
 
 
+def _state_dict_for_saving(self, *args, **kwargs):
+    """0.33+'s saver entry (``ModelPatcher.state_dict_for_saving``), reading real weights."""
+    self._load_plainly()
+    return self._memorykit_base.state_dict_for_saving(self, *args, **kwargs)
+
+
 _DEVICE_MAP_CLASSES: dict = {}
 
 
@@ -134,7 +159,10 @@ def _device_map_patcher_class(base: type) -> type:
         return base
     cls = _DEVICE_MAP_CLASSES.get(base)
     if cls is None:
-        cls = type(f"DeviceMap{base.__name__}", (_DeviceMapPatcherMixin, base), {"__module__": __name__})
+        extra = {"__module__": __name__, "_memorykit_base": base}
+        if hasattr(base, "state_dict_for_saving"):  # 0.33+ only: compat tells the versions apart by it
+            extra["state_dict_for_saving"] = _state_dict_for_saving
+        cls = type(f"DeviceMap{base.__name__}", (_DeviceMapPatcherMixin, base), extra)
         _DEVICE_MAP_CLASSES[base] = cls
     return cls
 
