@@ -156,16 +156,28 @@ def disk_used(prompts: list[dict]) -> dict[str, int]:
     return total
 
 
+def comfyui_version() -> str:
+    """The version of the ComfyUI the demo runs (its ``comfyui_version.py``), or "?"."""
+    import re
+    f = paths.comfyui_path() / "comfyui_version.py"
+    m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", f.read_text()) if f.is_file() else None
+    return m.group(1) if m else "?"
+
+
 def report(rows: list[dict], minutes: float, disk: dict[str, int], on_gpu: bool, markdown: str | None) -> bool:
     """Print the table (and write it as Markdown); True when every run succeeded."""
     kind = "VRAM from the Memory Report nodes" if on_gpu else "server RSS"
-    header = [f"{len(rows)} example workflows, each run plain (MemoryKit nodes bypassed, Tiled VAE → core's VAE "
-              "Decode, MemoryKit loaders → core's loaders) and as written, each in a fresh ComfyUI server. "
-              f"Peaks in GiB ({kind}); error vs plain: relative L2 difference of the saved images and frames. "
+    header = [f"{len(rows)} example workflows on ComfyUI {comfyui_version()}, each run plain (MemoryKit nodes "
+              "bypassed, Tiled VAE → core's VAE Decode, MemoryKit loaders → core's loaders) and as written (MK: "
+              "MemoryKit), each in a fresh ComfyUI server. "
+              f"Peaks in GiB ({kind}); saved GiB: plain peak − MK peak (negative: the MK run's peak was higher); "
+              "error vs plain: relative L2 difference of the saved images and frames. "
               "The models are generated with random weights (no download): their images are noise, except "
               "the Tiled VAE row's when it decodes a photograph with trained weights. Rows with the templates' "
               "small generated models (tens to hundreds of MiB) stay near 1.00×, since ComfyUI's own 1–2 GiB is "
-              "most of the peak: they show that the output matches the plain workflow's."]
+              "most of the peak, Memory Plan finds nothing to do for them (as loaded), a decode that fits one tile "
+              "runs whole, and Memory Report and Free Memory measure and free between stages: these rows show "
+              "that the output matches the plain workflow's."]
     footer = ([] if on_gpu else demo_table.CPU_NOTES) + [
         f"Measured: {minutes:.0f} minutes for the {2 * len(rows)} runs on a {os.cpu_count()}-core machine "
         f"{'with a GPU' if on_gpu else 'without a GPU'}; the generated model files the workflows read take {sum(disk.values()) / 1e9:.1f} GB."]

@@ -81,12 +81,13 @@ PLAN_FIGURES = {"plan_for": "given figures", "vram_gb": 2.0, "ram_gb": 4.0}
 def adjust_prompt(name: str, api: dict) -> list[str]:
     """Set the demo's sizes on the API prompt of example ``name`` in place; returns one line
     per change, for the table's notes."""
-    notes = []
+    notes = _general_notes(api)
     if name == TILED_ROW:
         why = taef2_missing()
         return [f"not the photograph: {why}"] if why else photo_row(api)
     if name not in BIG_MODEL_ROWS:
         return notes
+    notes = []
     experts = sum(n["class_type"] == "UNETLoader" for n in api.values())
     notes.append(f"diffusion model{'s' if experts > 1 else ''}: {experts} × a 2.0 GiB Wan 2.1 stand-in, "
                  f"{BIG_LATENT['width']}×{BIG_LATENT['height']} px × {BIG_LATENT['length']} frames, {BIG_STEPS} steps")
@@ -123,6 +124,21 @@ def adjust_prompt(name: str, api: dict) -> list[str]:
     return notes
 
 
+def _general_notes(api: dict) -> list[str]:
+    """What a reader needs about a template the demo runs as written: what the plain run loads in
+    place of the sharded loaders, and a Group Offload to RAM on a machine without a GPU."""
+    kinds = {n["class_type"]: n["inputs"] for n in api.values()}
+    notes = []
+    if {"MemoryKitShardedCheckpointLoader", "MemoryKitShardedTextEncoderLoader"} & set(kinds):
+        notes.append("the plain run loads the single checkpoint the shards were cut from with core's Load "
+                     "Checkpoint (its UNet, CLIP and VAE); the sharded loaders read only the part each gives")
+    go = kinds.get("MemoryKitGroupOffload")
+    if go is not None and go.get("offload_to", "cpu") == "cpu" and not torch.cuda.is_available():
+        notes.append("Group Offload to RAM passes the model through on a machine without a GPU (nothing to "
+                     "move it from): its badge is a memory report here")
+    return notes
+
+
 # --- the Tiled VAE row: a real photograph through the trained TAEF2 ---------------------------
 TILED_ROW = "tiled_vae_sd15"
 PHOTO_PX = 1024  # TAEF2's untiled decode of a 1024² image holds about 1 GiB of activations
@@ -131,11 +147,18 @@ PHOTO_LATENT = f"mk_demo_astronaut_{PHOTO_PX}_taef2.latent"
 
 
 def taef2_missing() -> str | None:
-    """Why the Tiled VAE row cannot decode the photograph here (None when it can)."""
+    """Why the Tiled VAE row cannot decode the photograph here (None when it can): TAEF2's two
+    files (``.safetensors`` or the author's ``.pth``) in the real-weights folder, scikit-image
+    (the photograph) and a ComfyUI with TAEF2."""
     from harness import real_content
-    why = real_content.missing()
-    if why:
-        return why
+    for half in ("taef2_encoder", "taef2_decoder"):
+        if not any((real_content.REAL / f"{half}{ext}").is_file() for ext in (".safetensors", ".pth")):
+            return (f"no {half}.safetensors or .pth in {real_content.REAL} (set MEMORYKIT_REALWEIGHTS to a folder "
+                    "with TAEF2's two files, from madebyollin/taesd on GitHub)")
+    try:
+        import skimage.data  # noqa: F401
+    except ImportError:
+        return "scikit-image is not installed (requirements-dev.txt): it bundles the photograph"
     comfy_env.setup_comfy()
     return real_content.has_taef2()
 

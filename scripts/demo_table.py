@@ -13,7 +13,7 @@ CPU_NOTES = [
     "server's resident memory (RSS); on a GPU the demo reads VRAM from the Memory Report nodes.",
     "The loaders put the whole model in RAM before any technique takes over (on a GPU machine that "
     "copy is in RAM, not VRAM), so rows that sample are measured from the first sampling step to the "
-    "end (peak S); rows whose technique is the loading or the decoding itself over the whole run "
+    "end (peak S); rows that do not sample, or whose technique is a loader, over the whole run "
     "(peak W).",
     "FP8 Layerwise Cast on a CPU-only machine keeps the loader's full-precision copy in RAM (ComfyUI "
     "restores the model from it and other branches use it), so the fp8 weights are added to RAM, not "
@@ -22,7 +22,7 @@ CPU_NOTES = [
 
 
 def gib(n: float | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f}"
+    return "-" if n is None else f"{n / 2**30:.2f}".replace("-0.00", "0.00")
 
 
 def _frames(path: Path) -> list[np.ndarray]:
