@@ -465,3 +465,36 @@ def test_core_readers_of_a_loaded_disk_map_get_the_real_weights(wan, tmp_path):
     _same(dm, values)
     _no_trace(dm)
     assert os.listdir(folder) == []
+
+
+def test_unloading_between_sampling_steps_then_sampling_on(wan, tmp_path):
+    """Everything is unloaded between two steps of a sampling that uses the map (a node or an
+    extension freeing memory from a step callback): the steps after run on the plain model, the
+    result equals the plain sampling, nothing of the map is left, and the map loads again exact."""
+    import comfy.model_management as mm
+    import comfy.sample
+    m, conds, _ = wan
+    dm = m.model.diffusion_model
+    values = _values(dm)
+    latent = torch.zeros(1, 16, 2, 8, 8)
+
+    def run(model, callback=None):
+        noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(5))
+        with torch.inference_mode():
+            return comfy.sample.sample(model, noise, 2, 4.0, "euler", "simple", conds[0], conds[1], latent,
+                                       disable_pbar=True, seed=5, callback=callback)
+    ref = run(m)
+    clone = _map(m, tmp_path)
+    freed = []
+
+    def free(step, *_):
+        if step == 0:
+            mm.unload_all_models()
+            freed.append(_hooks(dm))
+    assert torch.equal(run(clone, free), ref)
+    assert freed == [{}] and os.listdir(tmp_path) == []
+    assert torch.equal(run(clone), ref)
+    mm.unload_all_models()
+    _same(dm, values)
+    _no_trace(dm)
+    assert os.listdir(tmp_path) == []
