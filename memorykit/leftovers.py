@@ -171,13 +171,14 @@ def forget(folder: str | os.PathLike, drop_marker: bool = False) -> None:
 
 
 def remove_folder(folder: str | os.PathLike) -> bool:
-    """Delete a tracked ``folder`` (missing is fine) and take it off the list. Only while it
-    carries this process's marker: a folder put at its path by someone else (the pack's was
-    deleted) is never deleted, unless empty. A folder that cannot be deleted (made read-only
-    meanwhile) stays listed: SIGTERM's clean-up and the next start (:func:`remove_stale`) delete
-    it. Returns False only then."""
+    """Delete ``folder`` (missing is fine), which the caller created, and take it off the list.
+    Once tracked, only while it carries this process's marker: a folder put at its path by
+    someone else (the pack's was deleted) is never deleted, unless empty. (A folder whose
+    tracking failed half-way, e.g. its marker could not be written, is deleted.) A folder that
+    cannot be deleted (made read-only meanwhile) stays listed: SIGTERM's clean-up and the next
+    start (:func:`remove_stale`) delete it. Returns False only then."""
     path = os.path.abspath(folder)
-    if _marker(path) == _owner():
+    if path not in _mine or _marker(path) == _owner():
         shutil.rmtree(path, ignore_errors=True)
         if os.path.lexists(path):
             _log.warning("MemoryKit: cannot delete the folder %s (read-only?); it is deleted at the next start", path)

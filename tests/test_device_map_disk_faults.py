@@ -498,3 +498,15 @@ def test_unloading_between_sampling_steps_then_sampling_on(wan, tmp_path):
     _same(dm, values)
     _no_trace(dm)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.core_independent
+def test_a_folder_whose_tracking_failed_is_still_removed_by_its_creator(comfy, tmp_path):
+    """The marker could not be written (a full disk) after the folder was made: the creator's
+    removal still deletes the folder and what was half written in it."""
+    from comfyui_memorykit.memorykit import leftovers
+    folder = tmp_path / "memorykit-devicemap-x"
+    folder.mkdir()
+    (folder / leftovers.MARKER).write_text('{"pid": ')  # cut off by the full disk
+    assert leftovers.remove_folder(folder)
+    assert os.listdir(tmp_path) == []
