@@ -65,6 +65,23 @@ def _values(module):
     return {n: t.detach().clone() for n, t in list(module.named_parameters()) + list(module.named_buffers())}
 
 
+def _net_with_reference():
+    """A fresh net, its values, an input and the plain output for it."""
+    net = _net()
+    values = _values(net)
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        ref = net(x)
+    return net, values, x, ref
+
+
+def _restored(module, values, folder):
+    """The module holds its values as before, carries nothing of the map, and no file is left."""
+    _same(module, values)
+    _no_trace(module)
+    assert os.listdir(folder) == []
+
+
 def _same(module, values):
     now = _values(module)
     assert now.keys() == values.keys()
@@ -77,11 +94,7 @@ def test_a_forward_that_raises_half_way_leaves_the_disk_map_exact(comfy, tmp_pat
     """A block raises inside its forward (its disk weights loaded, its page hook not run): the
     next forward is exact, removal restores every value, no hook or file is left."""
     from comfyui_memorykit.memorykit import device_dispatch
-    net = _net()
-    values = _values(net)
-    x = torch.randn(3, 64)
-    with torch.no_grad():
-        ref = net(x)
+    net, values, x, ref = _net_with_reference()
     h = device_dispatch.dispatch_device_map(net, DISK_MAP, str(tmp_path), main_device="cpu")
     calls = []
 
@@ -99,19 +112,13 @@ def test_a_forward_that_raises_half_way_leaves_the_disk_map_exact(comfy, tmp_pat
     finally:
         inner.remove()
         h.remove()
-    _same(net, values)
-    _no_trace(net)
-    assert os.listdir(tmp_path) == []
+    _restored(net, values, tmp_path)
 
 
 @pytest.mark.core_independent
 def test_removing_twice_and_dispatching_again_never_stacks_page_hooks(comfy, tmp_path):
     from comfyui_memorykit.memorykit import device_dispatch
-    net = _net()
-    values = _values(net)
-    x = torch.randn(3, 64)
-    with torch.no_grad():
-        ref = net(x)
+    net, values, x, ref = _net_with_reference()
     counts = []
     for _ in range(3):
         h = device_dispatch.dispatch_device_map(net, DISK_MAP, str(tmp_path), main_device="cpu")
@@ -166,9 +173,7 @@ def test_tied_weights_and_a_buffer_on_disk(comfy, tmp_path, where):
         h.remove()
     assert torch.equal(out1, ref) and torch.equal(out2, ref)
     assert net.a.weight is net.b.weight, "the tie is broken after removal"
-    _same(net, values)
-    _no_trace(net)
-    assert os.listdir(tmp_path) == []
+    _restored(net, values, tmp_path)
 
 
 @pytest.mark.core_independent
@@ -179,11 +184,7 @@ def test_offload_folder_made_read_only_after_dispatch(comfy, tmp_path):
     from comfyui_memorykit.memorykit import device_dispatch, leftovers
     parent = tmp_path / "offload"
     parent.mkdir()
-    net = _net()
-    values = _values(net)
-    x = torch.randn(3, 64)
-    with torch.no_grad():
-        ref = net(x)
+    net, values, x, ref = _net_with_reference()
     h = device_dispatch.dispatch_device_map(net, DISK_MAP, str(parent), main_device="cpu")
     r = subprocess.run(f"mount --bind {parent} {parent} && mount -o remount,bind,ro {parent}", shell=True,
                        capture_output=True, text=True, check=False)
@@ -268,9 +269,7 @@ def test_sampling_that_raises_in_a_disk_block_then_runs_exact_and_unloads_clean(
     assert _hooks(dm) == hooks
     mm.unload_all_models()
     assert placement.applied(m.model) is None
-    _same(dm, values)
-    _no_trace(dm)
-    assert os.listdir(tmp_path) == []
+    _restored(dm, values, tmp_path)
 
 
 def test_maps_replacing_each_other_never_stack_page_hooks(wan, tmp_path):
@@ -374,11 +373,7 @@ def test_a_folder_of_the_user_at_the_offload_folder_path_is_never_deleted(comfy,
     import shutil
 
     from comfyui_memorykit.memorykit import device_dispatch, leftovers
-    net = _net()
-    values = _values(net)
-    x = torch.randn(3, 64)
-    with torch.no_grad():
-        ref = net(x)
+    net, values, x, ref = _net_with_reference()
     h = device_dispatch.dispatch_device_map(net, DISK_MAP, str(tmp_path), main_device="cpu")
     folder = h.offload_dir
     try:
@@ -495,9 +490,7 @@ def test_unloading_between_sampling_steps_then_sampling_on(wan, tmp_path):
     assert freed == [{}] and os.listdir(tmp_path) == []
     assert torch.equal(run(clone), ref)
     mm.unload_all_models()
-    _same(dm, values)
-    _no_trace(dm)
-    assert os.listdir(tmp_path) == []
+    _restored(dm, values, tmp_path)
 
 
 @pytest.mark.core_independent
