@@ -156,18 +156,10 @@ def disk_used(prompts: list[dict]) -> dict[str, int]:
     return total
 
 
-def comfyui_version() -> str:
-    """The version of the ComfyUI the demo runs (its ``comfyui_version.py``), or "?"."""
-    import re
-    f = paths.comfyui_path() / "comfyui_version.py"
-    m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", f.read_text()) if f.is_file() else None
-    return m.group(1) if m else "?"
-
-
 def report(rows: list[dict], minutes: float, disk: dict[str, int], on_gpu: bool, markdown: str | None) -> bool:
     """Print the table (and write it as Markdown); True when every run succeeded."""
     kind = "VRAM from the Memory Report nodes" if on_gpu else "server RSS"
-    header = [f"{len(rows)} example workflows on ComfyUI {comfyui_version()}, each run plain (MemoryKit nodes "
+    header = [f"{len(rows)} example workflows on ComfyUI {paths.comfyui_version() or '?'}, each run plain (MemoryKit nodes "
               "bypassed, Tiled VAE → core's VAE Decode, MemoryKit loaders → core's loaders) and as written (MK: "
               "MemoryKit), each in a fresh ComfyUI server. "
               f"Peaks in GiB ({kind}); saved GiB: plain peak − MK peak (negative: the MK run's peak was higher); "

@@ -148,17 +148,11 @@ PHOTO_LATENT = f"mk_demo_astronaut_{PHOTO_PX}_taef2.latent"
 
 def taef2_missing() -> str | None:
     """Why the Tiled VAE row cannot decode the photograph here (None when it can): TAEF2's two
-    files (``.safetensors`` or the author's ``.pth``) in the real-weights folder, scikit-image
-    (the photograph) and a ComfyUI with TAEF2."""
+    files in the real-weights folder, scikit-image (the photograph) and a ComfyUI with TAEF2."""
     from harness import real_content
-    for half in ("taef2_encoder", "taef2_decoder"):
-        if not any((real_content.REAL / f"{half}{ext}").is_file() for ext in (".safetensors", ".pth")):
-            return (f"no {half}.safetensors or .pth in {real_content.REAL} (set MEMORYKIT_REALWEIGHTS to a folder "
-                    "with TAEF2's two files, from madebyollin/taesd on GitHub)")
-    try:
-        import skimage.data  # noqa: F401
-    except ImportError:
-        return "scikit-image is not installed (requirements-dev.txt): it bundles the photograph"
+    why = real_content.missing(latents=False)
+    if why:
+        return why
     comfy_env.setup_comfy()
     return real_content.has_taef2()
 

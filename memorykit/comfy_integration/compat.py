@@ -99,6 +99,12 @@ def _materialize(value):
     return value
 
 
+def saves_through_patcher(patcher_or_class) -> bool:
+    """Whether core's savers read weights through ``ModelPatcher.state_dict_for_saving`` (0.33+),
+    not through ``BaseModel.state_dict_for_saving`` after a forced-patch load (before)."""
+    return hasattr(patcher_or_class, "state_dict_for_saving")
+
+
 def model_state_dict_for_saving(patcher) -> dict:
     """``patcher``'s diffusion-model state dict with every weight patch (LoRA) merged, in the
     checkpoint names core's savers write (``model.diffusion_model.*`` or the type's prefix).
@@ -109,7 +115,7 @@ def model_state_dict_for_saving(patcher) -> dict:
     Before: ``load_models_gpu(force_patch_weights=True)`` and ``BaseModel.state_dict_for_saving()``.
     Values may be non-tensors (``_quantization_metadata``).
     """
-    if hasattr(patcher, "state_dict_for_saving"):
+    if saves_through_patcher(patcher):
         mm.load_models_gpu([patcher])
         sd = patcher.state_dict_for_saving()
         return {k: _materialize(v) for k, v in sd.items()}

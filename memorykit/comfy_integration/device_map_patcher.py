@@ -160,7 +160,7 @@ def _device_map_patcher_class(base: type) -> type:
     cls = _DEVICE_MAP_CLASSES.get(base)
     if cls is None:
         extra = {"__module__": __name__, "_memorykit_base": base}
-        if hasattr(base, "state_dict_for_saving"):  # 0.33+ only: compat tells the versions apart by it
+        if compat.saves_through_patcher(base):  # 0.33+
             extra["state_dict_for_saving"] = _state_dict_for_saving
         cls = type(f"DeviceMap{base.__name__}", (_DeviceMapPatcherMixin, base), extra)
         _DEVICE_MAP_CLASSES[base] = cls

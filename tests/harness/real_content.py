@@ -29,11 +29,16 @@ PHOTOS = {"astronaut 512²": ("astronaut", (512, 512)), "coffee 384×576": ("cof
           "astronaut 1024²": ("astronaut", (1024, 1024))}
 
 
-def missing() -> str | None:
-    """Why the real content cannot be used here (None when it can)."""
-    absent = [f for f in TAEF2_FILES + (WAN_LATENTS,) if not (REAL / f).is_file()]
+def missing(latents: bool = True) -> str | None:
+    """Why the real content cannot be used here (None when it can): TAEF2's two files (``.safetensors``,
+    or the author's ``.pth``, which core's VAE Loader reads too), the Wan latents unless ``latents``
+    is False, and scikit-image (the photographs)."""
+    absent = [f for f in TAEF2_FILES if not any((REAL / Path(f).with_suffix(ext)).is_file()
+                                                for ext in (".safetensors", ".pth"))]
+    absent += [WAN_LATENTS] if latents and not (REAL / WAN_LATENTS).is_file() else []
     if absent:
-        return f"no real weights at {REAL} ({', '.join(absent)} missing; set MEMORYKIT_REALWEIGHTS)"
+        return (f"no real weights at {REAL} ({', '.join(absent)} missing; set MEMORYKIT_REALWEIGHTS to a folder "
+                "holding them; TAEF2 comes from madebyollin/taesd on GitHub)")
     try:
         import skimage.data  # noqa: F401
     except ImportError:
